@@ -1,0 +1,32 @@
+"""Make ONNX model optimization measurable: every attempt becomes an MLflow run you can compare."""
+
+from importlib import import_module
+
+# Public names and their modules, imported on first use so `tracker summarize` does not pay for
+# importing MLflow.
+_EXPORTS = {
+    "Study": "tracker.api",
+    "log_attempt": "tracker.api",
+    "Attempt": "tracker.attempt",
+    "AttemptResult": "tracker.attempt",
+    "MeasureConfig": "tracker.attempt",
+    "TimingConfig": "tracker.latency",
+    "SessionConfig": "tracker.ort_runtime",
+    "Tolerance": "tracker.output_diff",
+    "EXACT": "tracker.output_diff",
+    "FP32": "tracker.output_diff",
+    "FP16": "tracker.output_diff",
+    "INT8": "tracker.output_diff",
+    "parse_profile": "tracker.profile_parse",
+    "summarize": "tracker.aggregate",
+    "diff_summaries": "tracker.aggregate",
+    "compare_outputs": "tracker.output_diff",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'tracker' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

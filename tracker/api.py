@@ -1,0 +1,281 @@
+"""The Python API training code calls: a `Study` of attempts, or one `log_attempt`."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tracker import mlflow_log
+from tracker.artifacts import write_attempt_artifacts
+from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
+from tracker.environment import fingerprint
+
+logger = logging.getLogger(__name__)
+
+Evaluate = Callable[[list[np.ndarray]], Mapping[str, float]]
+
+
+@dataclass
+class _Baselines:
+    """The study's reference points: outputs of the first attempt, latency/profile per runtime."""
+
+    outputs: AttemptResult | None = None
+    per_runtime: dict[str, AttemptResult] = field(default_factory=dict)
+
+    def add(self, result: AttemptResult) -> None:
+        if not result.ok:
+            return
+        if self.outputs is None:
+            self.outputs = result
+        self.per_runtime.setdefault(result.attempt.runtime, result)
+
+
+class Study:
+    """A parent MLflow run holding one nested run per optimization attempt.
+
+    The first attempt that succeeds is the baseline: every later attempt's outputs are compared with
+    its outputs, and its latency and profile are compared with the first attempt of the same runtime.
+
+    Example:
+        with Study("my-model", feeds={"X": x}) as study:
+            study.attempt("baseline", model)
+            study.attempt("ort_opt_disabled", model, session=SessionConfig(graph_optimization_level="disable"))
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        feeds: Mapping[str, np.ndarray],
+        experiment: str | None = None,
+        config: MeasureConfig | None = None,
+        evaluate: Evaluate | None = None,
+        params: Mapping[str, str] | None = None,
+        tags: Mapping[str, str] | None = None,
+        tracking_uri: str | None = None,
+        log_models: bool = True,
+        workdir: str | Path | None = None,
+    ) -> None:
+        self.name = name
+        self.feeds = dict(feeds)
+        self.experiment = experiment
+        self.config = config or MeasureConfig()
+        self.evaluate = evaluate
+        self.params = dict(params or {})
+        self.tags = dict(tags or {})
+        self.tracking_uri = tracking_uri
+        self.log_models = log_models
+        self._workdir_given = workdir is not None
+        self._workdir = Path(workdir) if workdir is not None else None
+        self._baselines = _Baselines()
+        self.results: list[AttemptResult] = []
+        self.run_ids: dict[str, str] = {}
+        self._run_cm = None
+
+    def __enter__(self) -> Study:
+        mlflow_log.setup_tracking(self.tracking_uri)
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
+        params = {**self.config.params(), **self.params}
+        self._run_cm = mlflow_log.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
+        self.run = self._run_cm.__enter__()
+        logger.info("study %s: run %s", self.name, self.run.info.run_id)
+        return self
+
+    def attempt(self, name: str | Attempt, model: onnx.ModelProto | str | Path | None = None, **kwargs) -> AttemptResult:
+        """Measures and logs one attempt as a nested run; a failure is logged and returned, not raised.
+
+        Args:
+            name: the attempt's name, or a ready `Attempt` (then `model` and `kwargs` must be absent).
+            model: the model, in memory or as a path.
+            **kwargs: other `Attempt` fields (runtime, session, new_ops, tolerance, description, ...).
+        """
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        attempt = name if isinstance(name, Attempt) else Attempt(name=name, model=model, **kwargs)
+        result = run_attempt(
+            attempt,
+            self.feeds,
+            config=self.config,
+            baselines=self._baselines,
+            workdir=self._workdir / attempt.name,
+            study=self.name,
+            evaluate=self.evaluate,
+            log_model=self.log_models,
+        )
+        self._baselines.add(result)
+        self.results.append(result)
+        return result
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                mlflow_log.log_study_summary(
+                    [_summary_row(r, self._baselines) for r in self.results],
+                    metrics={"study.attempts": len(self.results), "study.failed": sum(not r.ok for r in self.results)},
+                )
+        finally:
+            self._run_cm.__exit__(exc_type, exc, tb)
+            self._run_cm = None
+            if not self._workdir_given and self._workdir is not None:
+                shutil.rmtree(self._workdir, ignore_errors=True)
+
+
+def log_attempt(
+    model: onnx.ModelProto | str | Path,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    name: str = "attempt",
+    baseline_outputs: list[np.ndarray] | None = None,
+    config: MeasureConfig | None = None,
+    evaluate: Evaluate | None = None,
+    tracking_uri: str | None = None,
+    log_model: bool = True,
+    **kwargs,
+) -> AttemptResult:
+    """Measures and logs one attempt as a run (nested under the active run if there is one).
+
+    Args:
+        model: the model, in memory or as a path.
+        feeds: its inputs.
+        name: the attempt's name.
+        baseline_outputs: outputs of a baseline on the same feeds, for the prediction-diff check.
+        config: how to measure (default `MeasureConfig()`).
+        evaluate: task metrics from the outputs.
+        tracking_uri: default `settings.resolve_tracking_uri()` (ignored inside an active run).
+        log_model: log the model with the onnx flavor.
+        **kwargs: other `Attempt` fields (runtime, session, tolerance, ...).
+    """
+    import mlflow
+
+    if mlflow.active_run() is None:
+        mlflow_log.setup_tracking(tracking_uri)
+    attempt = Attempt(name=name, model=model, **kwargs)
+    baselines = _Baselines()
+    with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
+        return run_attempt(
+            attempt,
+            dict(feeds),
+            config=config or MeasureConfig(),
+            baselines=baselines,
+            workdir=Path(tmp),
+            study=None,
+            evaluate=evaluate,
+            log_model=log_model,
+            baseline_outputs=baseline_outputs,
+        )
+
+
+def run_attempt(
+    attempt: Attempt,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    config: MeasureConfig,
+    baselines: _Baselines,
+    workdir: Path,
+    study: str | None,
+    evaluate: Evaluate | None,
+    log_model: bool,
+    baseline_outputs: list[np.ndarray] | None = None,
+) -> AttemptResult:
+    """Measures an attempt and logs it in its own run; errors become a FAILED run and `result.error`."""
+    result = AttemptResult(attempt=attempt)
+    try:
+        with mlflow_log.attempt_run(study, attempt.name, attempt.runtime) as run:
+            result.run_id = run.info.run_id
+            if baseline_outputs is None and baselines.outputs is not None:
+                baseline_outputs = baselines.outputs.outputs
+            measured = measure_attempt(
+                attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs, evaluate=evaluate
+            )
+            measured.run_id = result.run_id
+            result = measured
+            if result.diff is None:
+                # The baseline against itself, so that every attempt carries the same diff.* keys.
+                from tracker.output_diff import compare_outputs
+
+                result.diff = compare_outputs(result.outputs, result.outputs, attempt.tolerance)
+            # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
+            reference = baselines.per_runtime.get(attempt.runtime, result)
+            artifacts = write_attempt_artifacts(
+                result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs
+            )
+            mlflow_log.log_attempt_result(
+                result,
+                artifacts,
+                params=_params(result, config),
+                metrics=_metrics(result, reference, artifacts.tables),
+                log_model=log_model,
+            )
+    except Exception as e:
+        logger.error("attempt %s failed: %s: %s", attempt.name, type(e).__name__, e)
+        result.error = f"{type(e).__name__}: {e}"
+    return result
+
+
+def _params(result: AttemptResult, config: MeasureConfig) -> dict[str, str]:
+    attempt = result.attempt
+    params = {"attempt.name": attempt.name, "attempt.runtime": attempt.runtime}
+    if attempt.runtime == "onnxruntime":
+        params.update(attempt.session.params())
+    else:
+        params["reference.new_ops"] = ",".join(f"{c.op_domain}:{c.__name__}" for c in attempt.new_ops) or "none"
+    params.update(config.params())
+    params.update(fingerprint())
+    if result.graph is not None:
+        params.update(result.graph.params())
+    if result.diff is not None:
+        params.update(result.diff.params())
+    params.update(attempt.params)
+    return params
+
+
+def _metrics(result: AttemptResult, reference: AttemptResult | None, tables: dict) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    if result.latency is not None:
+        metrics.update(result.latency.metrics())
+    if result.overhead_ratio is not None:
+        metrics["profile.overhead_ratio"] = result.overhead_ratio
+    if result.profile is not None:
+        metrics["profile.runs"] = float(result.profile.run_count)
+        metrics["profile.kernel_events"] = float(len(result.profile.events))
+    if reference is not None and reference.latency is not None and result.latency is not None:
+        metrics["latency.speedup_vs_baseline"] = reference.latency.p50_ms / result.latency.p50_ms
+    if result.diff is not None:
+        metrics.update(result.diff.metrics())
+    if result.graph is not None:
+        metrics.update(result.graph.metrics())
+        if reference is not None and reference.graph is not None:
+            metrics["graph.node_delta"] = float(result.graph.node_count - reference.graph.node_count)
+    if "ops_by_op" in tables:
+        metrics.update(mlflow_log.op_metrics(tables["ops_by_op"]))
+    metrics.update(result.extra_metrics)
+    metrics.update(result.attempt.metrics)
+    return metrics
+
+
+def _summary_row(result: AttemptResult, baselines: _Baselines) -> dict[str, object]:
+    reference = baselines.per_runtime.get(result.attempt.runtime)
+    speedup = None
+    if result.latency is not None and reference is not None and reference.latency is not None:
+        speedup = reference.latency.p50_ms / result.latency.p50_ms
+    return {
+        "attempt": result.attempt.name,
+        "runtime": result.attempt.runtime,
+        "status": "failed" if not result.ok else ("ok" if result.diff is None or result.diff.passed else "diff_failed"),
+        "p50_ms": result.latency.p50_ms if result.latency else None,
+        "speedup_vs_baseline": speedup,
+        "diff_max_abs": result.diff.max_abs if result.diff else None,
+        "diff_passed": result.diff.passed if result.diff else None,
+        "node_count": result.graph.node_count if result.graph else None,
+        "size_bytes": result.graph.size_bytes if result.graph else None,
+        "run_id": result.run_id,
+        "error": result.error,
+    }

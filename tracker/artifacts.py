@@ -1,0 +1,79 @@
+"""Writes an attempt's tables, charts and traces into a folder, ready to be logged as run artifacts."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from tracker import charts
+from tracker.attempt import AttemptResult, diff_against
+
+logger = logging.getLogger(__name__)
+
+VIEWS = ("op", "node", "provider")
+
+
+@dataclass
+class AttemptArtifacts:
+    """Files written for one attempt, and the tables that go to `mlflow.log_table` too."""
+
+    folder: Path
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def write_attempt_artifacts(
+    result: AttemptResult,
+    folder: str | Path,
+    *,
+    baseline: AttemptResult | None,
+    skip_runs: int,
+    top: int = 20,
+) -> AttemptArtifacts:
+    """Writes `folder/{tables,charts,traces}` for one measured attempt.
+
+    The raw profile and ORT's optimized graph are not copied here: they are logged from where they are.
+
+    Args:
+        result: the measured attempt.
+        folder: an empty or new folder; everything in it is meant to be logged.
+        baseline: the attempt to compare with (same runtime), or None.
+        skip_runs: warm-up runs left out of the per-op tables.
+        top: ops shown in the charts before the rest is grouped.
+    """
+    out = AttemptArtifacts(Path(folder))
+    out.folder.mkdir(parents=True, exist_ok=True)
+    if result.profile is not None:
+        for by in VIEWS:
+            out.tables[f"ops_by_{by}"] = result.summary(by=by, skip_runs=skip_runs)
+    if baseline is not None and baseline is not result:
+        out.tables.update(diff_against(result, baseline, skip_runs=skip_runs))
+    for name, table in out.tables.items():
+        path = out.folder / "tables" / f"{name}.csv"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(path, index=False)
+    if result.profile is not None:
+        _write_charts(result, out, skip_runs=skip_runs, top=top)
+    for level, text in result.traces.items():
+        path = out.folder / "traces" / f"reference_verbose_{level}.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if result.graph is not None:
+        graph = {"op_types": result.graph.op_types, "opsets": result.graph.opsets}
+        (out.folder / "graph.json").write_text(json.dumps(graph, indent=1, sort_keys=True))
+    return out
+
+
+def _write_charts(result: AttemptResult, out: AttemptArtifacts, *, skip_runs: int, top: int) -> None:
+    name = result.attempt.name
+    figures = charts.op_views(out.tables["ops_by_op"], title=f"{name}: per op type", top=top)
+    figures.append(charts.treemap(result.events, title=f"{name}: op type / node", skip_runs=skip_runs))
+    if "op_diff" in out.tables:
+        figures.append(
+            charts.comparison_chart(out.tables["op_diff"], title=f"{name} vs baseline: µs per run", top=top)
+        )
+    charts.write_html(figures, out.folder / "charts" / "profile.html", title=f"Profile of attempt {name}")
+

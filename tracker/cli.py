@@ -1,0 +1,152 @@
+"""Command line: `tracker summarize|profile|inspect` (also `python -m tracker`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+
+from tracker.errors import TrackerError
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "progress", True) else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    try:
+        return args.func(args)
+    except (TrackerError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tracker", description=__doc__)
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    s = sub.add_parser("summarize", help="print the per-op table of an ONNX Runtime profile")
+    s.add_argument("profile", help="profile JSON file (or gzip of it)")
+    s.add_argument("--by", choices=("op", "node", "provider"), default="op")
+    s.add_argument("--skip-runs", type=int, default=0, help="leading (warm-up) runs to leave out")
+    s.add_argument("--top", type=int, default=None, help="show the N largest rows, the rest grouped")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.set_defaults(func=_summarize, progress=False)
+
+    p = sub.add_parser("profile", help="profile a model file and log it as an attempt")
+    p.add_argument("model", help="ONNX model file")
+    _add_feed_options(p)
+    p.add_argument("--name", default="attempt", help="attempt name (the run name)")
+    p.add_argument("--runs", type=int, default=20, help="profiled runs (the first is dropped from tables)")
+    p.add_argument("--opt-level", choices=("disable", "basic", "extended", "layout", "all"), default="all")
+    p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: core count)")
+    p.add_argument("--min-seconds", type=float, default=1.0, help="latency loop: at least this long")
+    p.add_argument("--experiment", default=None, help="MLflow experiment name")
+    p.add_argument("--top", type=int, default=15)
+    p.set_defaults(func=_profile)
+
+    i = sub.add_parser("inspect", help="print the ReferenceEvaluator trace of one run")
+    i.add_argument("model", help="ONNX model file")
+    _add_feed_options(i)
+    i.add_argument("--verbose", type=int, choices=(1, 2, 3, 4), default=2)
+    i.add_argument("--node", default=None, help="evaluate only this node, on inputs from a full run")
+    i.set_defaults(func=_inspect, progress=False)
+    return parser
+
+
+def _add_feed_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="size of a symbolic input dim, repeatable (e.g. --dim batch=4)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated feeds")
+
+
+def _dims(pairs: list[str]) -> dict[str, int]:
+    dims = {}
+    for pair in pairs:
+        name, sep, size = pair.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise ValueError(f"--dim expects NAME=SIZE with an integer size, got {pair!r}")
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def _summarize(args: argparse.Namespace) -> int:
+    from tracker import aggregate
+    from tracker.profile_parse import parse_profile
+
+    profile = parse_profile(args.profile)
+    summary = aggregate.summarize(profile.events, by=args.by, skip_runs=args.skip_runs)
+    if args.top:
+        summary = aggregate.top_n(summary, args.top)
+    if args.json:
+        print(json.dumps({
+            "profile": args.profile, "format": profile.format, "truncated": profile.truncated,
+            "runs": profile.run_count, "skip_runs": args.skip_runs, "by": args.by,
+            "rows": json.loads(summary.to_json(orient="records")),
+        }, indent=1))
+    else:
+        print(f"{args.profile}: {profile.run_count} runs, format {profile.format}"
+              f"{', TRUNCATED' if profile.truncated else ''}; by {args.by}, {args.skip_runs} run(s) skipped")
+        print(_table(summary))
+    return 0
+
+
+def _table(summary) -> str:
+    from tracker import columns as C
+
+    shown = summary[[C.KEY, C.TOTAL_US, C.CALLS, C.PCT, C.US_PER_RUN, C.MEAN_US]]
+    return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from tracker.api import log_attempt
+    from tracker.attempt import MeasureConfig
+    from tracker.feeds import make_feeds
+    from tracker.latency import TimingConfig
+    from tracker.model_io import load_model
+    from tracker.ort_runtime import SessionConfig
+
+    model = load_model(args.model)
+    feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
+    session = SessionConfig(graph_optimization_level=args.opt_level,
+                            **({"intra_op_num_threads": args.threads} if args.threads else {}))
+    config = MeasureConfig(profile_runs=args.runs, skip_runs=1 if args.runs > 1 else 0,
+                           timing=TimingConfig(min_seconds=args.min_seconds))
+    if args.experiment:
+        import os
+
+        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", args.experiment)
+    result = log_attempt(args.model, feeds, name=args.name, config=config, session=session)
+    if not result.ok:
+        print(f"error: attempt {args.name} failed: {result.error}", file=sys.stderr)
+        return 1
+    from tracker import aggregate
+
+    print(f"run {result.run_id}: p50 {result.latency.p50_ms:.3f} ms, mean {result.latency.mean_ms:.3f} ms "
+          f"over {result.latency.runs} runs; profiling overhead x{result.overhead_ratio:.2f}")
+    print(_table(aggregate.top_n(result.summary(skip_runs=config.skip_runs), args.top)))
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from tracker import reference_runtime as ref
+    from tracker.feeds import make_feeds
+    from tracker.model_io import load_model
+
+    model = load_model(args.model)
+    feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
+    if args.node:
+        evaluation = ref.evaluate_node(model, args.node, feeds, verbose=args.verbose)
+        print(evaluation.trace, end="")
+        for kind, values in (("input", evaluation.inputs), ("output", evaluation.outputs)):
+            for name, value in values.items():
+                print(f"{kind} {name}: {value.dtype}{list(value.shape)}\n{value}")
+    else:
+        print(ref.trace_reference(model, feeds, verbose=args.verbose), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The tracker's own error types: each names what was wrong and what was expected."""
+
+
+class TrackerError(Exception):
+    """Base class of every error the tracker raises on purpose."""
+
+
+class ProfileFormatError(TrackerError, ValueError):
+    """A file is not an ONNX Runtime profile (empty, garbage, foreign JSON)."""
+
+
+class ModelError(TrackerError, ValueError):
+    """A model file cannot be read, or fails the ONNX checker."""
+
+
+class FeedError(TrackerError, ValueError):
+    """Feeds do not match a model's inputs (names, dtypes, ranks, unsized symbolic dims)."""
+
+
+class TrackingServerError(TrackerError, ConnectionError):
+    """The MLflow tracking server cannot be reached."""

@@ -1,0 +1,62 @@
+"""Command-line options every study script shares (they mirror the MLproject parameters)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from tracker.attempt import MeasureConfig
+from tracker.latency import TimingConfig
+
+DEFAULT_EXPERIMENT = "onnx-optimization"
+
+
+def add_measure_args(parser: argparse.ArgumentParser) -> None:
+    """Adds --profile-runs, --skip-runs, --min-runs, --min-seconds, --threads, --experiment."""
+    parser.add_argument("--profile-runs", type=_positive_int, default=20, help="runs of the profiled session")
+    parser.add_argument("--skip-runs", type=_non_negative_int, default=1, help="warm-up runs left out of per-op tables")
+    parser.add_argument("--min-runs", type=_positive_int, default=50, help="latency: at least this many runs")
+    parser.add_argument("--min-seconds", type=_non_negative_float, default=1.0, help="latency: at least this long")
+    parser.add_argument("--threads", type=_non_negative_int, default=0, help="ORT intra-op threads (0: core count)")
+    parser.add_argument(
+        "--experiment", default=DEFAULT_EXPERIMENT,
+        help="MLflow experiment (ignored under `mlflow run`, which sets its own)",
+    )
+
+
+def measure_config(args: argparse.Namespace) -> MeasureConfig:
+    """The `MeasureConfig` the parsed options describe."""
+    timing = TimingConfig(min_runs=args.min_runs, min_seconds=args.min_seconds)
+    return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing)
+
+
+def session_kwargs(args: argparse.Namespace) -> dict[str, int]:
+    """`SessionConfig` keyword arguments for the thread option (0 keeps the core-count default)."""
+    return {"intra_op_num_threads": args.threads} if args.threads else {}
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+# MLflow passes every MLproject parameter as a string and does not validate its type.
+def _positive_int(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 1, "an integer >= 1")
+
+
+def _non_negative_int(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 0, "an integer >= 0")
+
+
+def _non_negative_float(text: str) -> float:
+    return _checked(text, float, lambda v: v >= 0, "a number >= 0")
+
+
+def _checked(text: str, kind, ok, expected: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+    return value

@@ -1,0 +1,178 @@
+"""The textbook fusion EyeLike + Add -> AddEyeLike (a custom op), and a small model that has the pattern."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper
+from onnx.reference.op_run import OpRun
+
+DOMAIN = "tracker.fusions"
+OPSET_VERSION = 1
+OP_TYPE = "AddEyeLike"
+
+
+def make_linear_model(*, n_features: int = 100, seed: int = 0, opset: int = 18) -> onnx.ModelProto:
+    """Builds Y = Add(MatMul(X, Add(A, EyeLike(A))), B), a linear layer whose weight is A + I.
+
+    Args:
+        n_features: size of the square weight A (n x n) and of the bias B (1 x n).
+        seed: seed of the random normal values of A and B (both scaled by 1/10).
+        opset: version of the default ONNX domain.
+
+    Returns:
+        A model with input X float [N, n] (symbolic batch "N") and output Y float [N, n], whose nodes
+        are named "eye", "add_eye", "matmul" and "add_bias".
+    """
+    if n_features < 1:
+        raise ValueError(f"n_features must be >= 1, got {n_features}")
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal((n_features, n_features)) / 10).astype(np.float32)
+    b = (rng.standard_normal((1, n_features)) / 10).astype(np.float32)
+    nodes = [
+        helper.make_node("EyeLike", ["A"], ["I"], name="eye"),
+        helper.make_node("Add", ["A", "I"], ["W"], name="add_eye"),
+        helper.make_node("MatMul", ["X", "W"], ["XW"], name="matmul"),
+        helper.make_node("Add", ["XW", "B"], ["Y"], name="add_bias"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "linear_add_eyelike",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", n_features])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", n_features])],
+        initializer=[onnx.numpy_helper.from_array(a, "A"), onnx.numpy_helper.from_array(b, "B")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+@dataclass(frozen=True)
+class FusionResult:
+    """What a fusion returns: the new model and how many patterns it replaced."""
+
+    model: onnx.ModelProto
+    count: int
+
+
+def fuse_add_eyelike(model: onnx.ModelProto, *, as_function: bool = False) -> FusionResult:
+    """Replaces every EyeLike(A) -> Add(A, I) pair (either operand order) by one AddEyeLike(A) node.
+
+    Only top-level nodes are fused, and only where the EyeLike output feeds nothing but that Add.
+    The input model is never modified.
+
+    Args:
+        model: the model to fuse.
+        as_function: also add a model-local FunctionProto AddEyeLike (body EyeLike + Add) so that
+            runtimes without an AddEyeLike kernel (onnxruntime) inline it and can run the model.
+            The ReferenceEvaluator runs the model without it, given `new_ops=[AddEyeLike]`.
+
+    Returns:
+        The fused copy and the number of fused pairs. With count 0 the copy is unchanged (no
+        opset import or function is added).
+    """
+    fused = onnx.ModelProto()
+    fused.CopyFrom(model)
+    graph = fused.graph
+    producers = {out: node for node in graph.node for out in node.output}
+    consumers = _consumer_counts(graph)
+    drop: set[int] = set()
+    replace: dict[int, onnx.NodeProto] = {}
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        eye = _eyelike_of_other_operand(add, producers)
+        if eye is None or consumers[eye.output[0]] != 1 or id(eye) in drop:
+            continue
+        drop.add(id(eye))
+        replace[id(add)] = helper.make_node(
+            OP_TYPE, [eye.input[0]], [add.output[0]], name=add.name or eye.name, domain=DOMAIN
+        )
+    if not replace:
+        return FusionResult(model=fused, count=0)
+    new_nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in drop]
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    if all(op.domain != DOMAIN for op in fused.opset_import):
+        fused.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
+    if as_function and all((f.domain, f.name) != (DOMAIN, OP_TYPE) for f in fused.functions):
+        fused.functions.append(_add_eyelike_function(_default_opset(fused)))
+    return FusionResult(model=fused, count=len(replace))
+
+
+def _eyelike_of_other_operand(
+    add: onnx.NodeProto, producers: dict[str, onnx.NodeProto]
+) -> onnx.NodeProto | None:
+    for mine, other in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
+        eye = producers.get(mine)
+        # `k` shifts the diagonal and `dtype` may change the type: neither is what AddEyeLike computes.
+        if (
+            eye is not None
+            and eye.op_type == "EyeLike"
+            and eye.domain in ("", "ai.onnx")
+            and not eye.attribute
+            and eye.input[0] == other
+        ):
+            return eye
+    return None
+
+
+def _consumer_counts(graph: onnx.GraphProto) -> Counter[str]:
+    """How many times each value is read: by nodes (subgraphs included) or as a graph output."""
+    counts: Counter[str] = Counter(out.name for out in graph.output)
+    for node in graph.node:
+        counts.update(name for name in node.input if name)
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                counts.update(_consumer_counts(sub))
+    return counts
+
+
+def _default_opset(model: onnx.ModelProto) -> int:
+    return next(op.version for op in model.opset_import if op.domain in ("", "ai.onnx"))
+
+
+def _add_eyelike_function(opset: int) -> onnx.FunctionProto:
+    return helper.make_function(
+        DOMAIN,
+        OP_TYPE,
+        inputs=["X"],
+        outputs=["Y"],
+        nodes=[
+            helper.make_node("EyeLike", ["X"], ["I"]),
+            helper.make_node("Add", ["X", "I"], ["Y"]),
+        ],
+        opset_imports=[helper.make_opsetid("", opset)],
+    )
+
+
+# Which implementation ReferenceEvaluator (onnx 1.23) picks for an AddEyeLike node: its `_load_impl`
+# looks at `new_ops` first and at the model's local functions only after that, so with
+# `new_ops=[AddEyeLike]` this kernel wins even when the model carries the function; without
+# `new_ops` it runs the function body through a nested evaluator (slower than the unfused graph).
+# The reference runtime therefore runs the `as_function=False` model with `new_ops=[AddEyeLike]`.
+class AddEyeLike(OpRun):
+    """ReferenceEvaluator kernel of AddEyeLike: x + I, I the identity of x's shape and dtype."""
+
+    op_domain = DOMAIN
+
+    def _run(self, x: np.ndarray) -> tuple[np.ndarray]:
+        return (x + np.eye(*x.shape, dtype=x.dtype),)
+
+
+def _run_wrong(self: OpRun, x: np.ndarray) -> tuple[np.ndarray]:
+    return (x + 2 * np.eye(*x.shape, dtype=x.dtype),)
+
+
+# A deliberately wrong kernel (x + 2I) that proves the output diff catches a bad fusion.
+# ReferenceEvaluator looks new_ops up by (op_domain, class __name__), so it must be *named*
+# "AddEyeLike" to replace the node's kernel; a second `class AddEyeLike` would shadow the right one
+# in this module, hence `type(...)` under another Python name.
+WRONG_ADD_EYELIKE: type[OpRun] = type(
+    OP_TYPE,
+    (OpRun,),
+    {"op_domain": DOMAIN, "_run": _run_wrong, "__module__": __name__, "__doc__": "x + 2I (wrong)."},
+)

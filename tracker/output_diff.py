@@ -1,0 +1,106 @@
+"""Prediction-diff check: an attempt's outputs against the baseline's on the same feeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """`allclose` tolerances, chosen per precision and recorded with every check."""
+
+    name: str
+    rtol: float
+    atol: float
+
+    def __post_init__(self) -> None:
+        if self.rtol < 0 or self.atol < 0:
+            raise ValueError(f"tolerances must be >= 0, got rtol={self.rtol}, atol={self.atol}")
+
+
+EXACT = Tolerance("exact", rtol=0.0, atol=0.0)
+# fp32 variants of one graph agree within a few 1e-6; 1e-4 separates real breakage from float noise.
+FP32 = Tolerance("fp32", rtol=1e-4, atol=1e-4)
+FP16 = Tolerance("fp16", rtol=1e-2, atol=1e-2)
+INT8 = Tolerance("int8", rtol=1e-1, atol=5e-1)
+
+
+@dataclass(frozen=True)
+class OutputDiff:
+    """The result of comparing two sets of outputs. A failed check is data, not an exception."""
+
+    max_abs: float
+    max_rel: float
+    mean_abs: float
+    nonfinite_mismatches: int  # positions where NaN/Inf differ (NaN never equals NaN)
+    passed: bool
+    tolerance: Tolerance
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "diff.max_abs": self.max_abs,
+            "diff.max_rel": self.max_rel,
+            "diff.mean_abs": self.mean_abs,
+            "diff.nonfinite_mismatches": float(self.nonfinite_mismatches),
+            "diff.passed": float(self.passed),
+        }
+
+    def params(self) -> dict[str, str]:
+        return {
+            "diff.tolerance": self.tolerance.name,
+            "diff.rtol": repr(self.tolerance.rtol),
+            "diff.atol": repr(self.tolerance.atol),
+        }
+
+
+def compare_outputs(
+    baseline: Sequence[np.ndarray], attempt: Sequence[np.ndarray], tolerance: Tolerance
+) -> OutputDiff:
+    """Compares outputs pairwise.
+
+    Args:
+        baseline: the baseline's outputs, in graph output order.
+        attempt: the attempt's outputs on the same feeds.
+        tolerance: `allclose` tolerances for `passed` (|a - b| <= atol + rtol * |b|).
+
+    Raises:
+        ValueError: the number of outputs or a shape differs; such outputs cannot be compared.
+    """
+    if len(baseline) != len(attempt):
+        raise ValueError(f"baseline has {len(baseline)} outputs but the attempt has {len(attempt)}")
+    max_abs = max_rel = abs_sum = 0.0
+    count = nonfinite = 0
+    passed = True
+    for i, (b, a) in enumerate(zip(baseline, attempt)):
+        b, a = np.asarray(b), np.asarray(a)
+        if b.shape != a.shape:
+            raise ValueError(f"output {i}: baseline shape {b.shape} differs from attempt shape {a.shape}")
+        if b.dtype.kind not in "fiub" or a.dtype.kind not in "fiub":
+            equal = bool(np.array_equal(a, b))
+            passed &= equal
+            nonfinite += 0 if equal else int(np.sum(a != b))
+            continue
+        b64, a64 = b.astype(np.float64), a.astype(np.float64)
+        finite = np.isfinite(b64) & np.isfinite(a64)
+        # Same infinity on both sides is equal; any NaN, or finite vs non-finite, is a mismatch.
+        same_inf = np.isinf(b64) & (b64 == a64)
+        nonfinite += int(np.sum(~finite & ~same_inf))
+        err = np.abs(a64[finite] - b64[finite])
+        if err.size:
+            rel = err / np.maximum(np.abs(b64[finite]), np.finfo(np.float64).tiny)
+            max_abs = max(max_abs, float(err.max()))
+            max_rel = max(max_rel, float(rel.max()))
+            abs_sum += float(err.sum())
+            count += err.size
+        passed &= bool(np.allclose(a64, b64, rtol=tolerance.rtol, atol=tolerance.atol, equal_nan=False))
+    return OutputDiff(
+        max_abs=max_abs,
+        max_rel=max_rel,
+        mean_abs=abs_sum / count if count else 0.0,
+        nonfinite_mismatches=nonfinite,
+        passed=passed and nonfinite == 0,
+        tolerance=tolerance,
+    )
