@@ -24,24 +24,25 @@ Evaluate = Callable[[list[np.ndarray]], Mapping[str, float]]
 
 @dataclass
 class _Baselines:
-    """The study's reference points: outputs of the first attempt, latency/profile per runtime."""
+    """A study's reference points: the first successful attempt of each runtime, in order."""
 
-    outputs: AttemptResult | None = None
     per_runtime: dict[str, AttemptResult] = field(default_factory=dict)
 
     def add(self, result: AttemptResult) -> None:
-        if not result.ok:
-            return
-        if self.outputs is None:
-            self.outputs = result
-        self.per_runtime.setdefault(result.attempt.runtime, result)
+        if result.ok:
+            self.per_runtime.setdefault(result.attempt.runtime, result)
+
+    def for_outputs(self, runtime: str) -> AttemptResult | None:
+        """The same runtime's baseline, else (a cross-runtime check) the study's first baseline."""
+        return self.per_runtime.get(runtime) or next(iter(self.per_runtime.values()), None)
 
 
 class Study:
     """A parent MLflow run holding one nested run per optimization attempt.
 
-    The first attempt that succeeds is the baseline: every later attempt's outputs are compared with
-    its outputs, and its latency and profile are compared with the first attempt of the same runtime.
+    The first attempt of each runtime that succeeds is that runtime's baseline: later attempts of the
+    runtime are compared with it (outputs, latency, per-op profile, graph). The first attempt of a
+    second runtime has its outputs compared with the first runtime's baseline (a cross-runtime check).
 
     Example:
         with Study("my-model", feeds={"X": x}) as study:
@@ -190,8 +191,9 @@ def run_attempt(
     try:
         with mlflow_log.attempt_run(study, attempt.name, attempt.runtime) as run:
             result.run_id = run.info.run_id
-            if baseline_outputs is None and baselines.outputs is not None:
-                baseline_outputs = baselines.outputs.outputs
+            output_reference = baselines.for_outputs(attempt.runtime)
+            if baseline_outputs is None and output_reference is not None:
+                baseline_outputs = output_reference.outputs
             measured = measure_attempt(
                 attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs, evaluate=evaluate
             )

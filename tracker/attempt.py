@@ -193,11 +193,8 @@ def _measure_reference(result: AttemptResult, model: onnx.ModelProto, feeds, con
     attempt = result.attempt
     result.outputs = ref.run_reference(model, feeds, new_ops=attempt.new_ops)
     result.latency = ref.time_reference(model, feeds, new_ops=attempt.new_ops, timing=config.timing)
-    events = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
-    run_totals = events.groupby("run")["dur_us"].sum().to_numpy() * 1e-6
-    result.profiled_latency = Latency.from_values(run_totals)
-    runs = pd.DataFrame({"run": np.arange(config.profile_runs)})
-    result.profile = Profile(events=events, runs=runs, format="reference", truncated=False, source="ReferenceEvaluator")
+    result.profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
+    result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
     for level in config.trace_levels:
         result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)
 

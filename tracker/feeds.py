@@ -90,9 +90,11 @@ def check_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None
         FeedError: naming every mismatch found, with what the model expects.
     """
     specs = {s.name: s for s in input_specs(model)}
+    # Graph inputs that are also initializers have a default value: feeding them is optional.
+    optional = {v.name for v in model.graph.input} - set(specs)
     problems = []
     missing = sorted(set(specs) - set(feeds))
-    extra = sorted(set(feeds) - set(specs))
+    extra = sorted(set(feeds) - set(specs) - optional)
     if missing:
         problems.append(f"missing inputs {missing}")
     if extra:

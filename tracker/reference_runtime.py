@@ -19,8 +19,9 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from tracker import columns as C
-from tracker.errors import FeedError
+from tracker.feeds import check_feeds
 from tracker.latency import Latency, TimingConfig, time_runs
+from tracker.profile_parse import Profile
 
 PROVIDER = "ReferenceEvaluator"
 VERBOSE_LEVELS = (1, 2, 3, 4)
@@ -78,9 +79,9 @@ def run_reference(
     """Runs `model` once and returns its outputs in graph output order.
 
     Raises:
-        FeedError: the feed names do not match the model's inputs.
+        tracker.errors.FeedError: the feeds do not match the model's inputs.
     """
-    _check_feeds(model, feeds)
+    check_feeds(model, feeds)
     return make_evaluator(model, new_ops=new_ops).run(None, dict(feeds))
 
 
@@ -92,7 +93,7 @@ def time_reference(
     timing: TimingConfig,
 ) -> Latency:
     """Times whole runs of `model`; the evaluator is built once, outside the timed runs."""
-    _check_feeds(model, feeds)
+    check_feeds(model, feeds)
     evaluator = make_evaluator(model, new_ops=new_ops)
     feeds = dict(feeds)
     return time_runs(lambda: evaluator.run(None, feeds), timing)
@@ -104,21 +105,23 @@ def profile_reference(
     *,
     new_ops: Sequence[type[OpRun]] = (),
     runs: int,
-) -> pd.DataFrame:
+) -> Profile:
     """Runs `model` `runs` times and times every top-level node.
 
     Only the kernel call of each node is timed (its `run` is wrapped); nodes inside functions and
     subgraphs are part of their calling node's time and get no rows of their own.
 
     Returns:
-        One row per node and run, columns `tracker.columns.EVENT_COLUMNS` as in a parsed ORT profile:
+        A `Profile` as parsed from ORT: `runs` holds the wall time of each `evaluator.run` (the
+        timing wrappers included), `events` one row per node and run, columns
+        `tracker.columns.EVENT_COLUMNS` as in a parsed ORT profile:
         `dur_us`/`ts_us` are float µs (`ts_us` since the first run started), `provider` is
         "ReferenceEvaluator", unnamed nodes are named "<op_type>_<index>", and
         `mem_in_use_delta_bytes` is all <NA>.
     """
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    _check_feeds(model, feeds)
+    check_feeds(model, feeds)
     feeds = dict(feeds)
     evaluator = make_evaluator(model, new_ops=new_ops)
     calls: list[tuple[int, int, int, tuple[Any, ...], Any]] = []
@@ -130,15 +133,19 @@ def profile_reference(
     tid = str(threading.get_ident())
     rows: list[dict[str, Any]] = []
     origin = time.perf_counter_ns()
+    run_rows = []
     for run in range(runs):
+        start = time.perf_counter_ns()
         evaluator.run(None, feeds)
+        run_rows.append((run, (start - origin) / 1e3, (time.perf_counter_ns() - start) / 1e3))
         for index, t0, t1, args, outputs in calls:
             node = model.graph.node[index]
             timing = {C.RUN: run, C.DUR_US: (t1 - t0) / 1e3, C.TS_US: (t0 - origin) / 1e3, C.THREAD: tid}
             rows.append(_row(node, names[index], timing, args, outputs, parameters))
         calls.clear()
-    table = pd.DataFrame(rows, columns=list(C.EVENT_COLUMNS))
-    return table.astype(_EVENT_DTYPES)
+    table = pd.DataFrame(rows, columns=list(C.EVENT_COLUMNS)).astype(_EVENT_DTYPES)
+    run_table = pd.DataFrame(run_rows, columns=[C.RUN, C.TS_US, C.DUR_US])
+    return Profile(events=table, runs=run_table, format="reference", truncated=False, source=PROVIDER)
 
 
 def trace_reference(
@@ -155,7 +162,7 @@ def trace_reference(
     """
     if verbose not in VERBOSE_LEVELS:
         raise ValueError(f"verbose must be one of {VERBOSE_LEVELS}, got {verbose!r}")
-    _check_feeds(model, feeds)
+    check_feeds(model, feeds)
     evaluator = make_evaluator(model, new_ops=new_ops, verbose=verbose)
     _, trace = _captured_run(evaluator, dict(feeds))
     return trace
@@ -180,14 +187,14 @@ def evaluate_node(
 
     Raises:
         ValueError: no top-level node has that name.
-        FeedError: the feed names do not match the model's inputs.
+        tracker.errors.FeedError: the feeds do not match the model's inputs.
     """
     names = _node_names(model.graph)
     if node_name not in names:
         raise ValueError(
             f"model has no node named {node_name!r}; {len(names)} nodes, e.g. {names[:8]}"
         )
-    _check_feeds(model, feeds)
+    check_feeds(model, feeds)
     node = model.graph.node[names.index(node_name)]
     values = make_evaluator(model, new_ops=new_ops).run(None, dict(feeds), intermediate=True)
     inputs = {name: values[name] for name in node.input if name}
@@ -205,21 +212,6 @@ def evaluate_node(
         outputs=dict(zip(out_names, results, strict=True)),
         trace=trace,
     )
-
-
-def _check_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
-    expected = [i.name for i in model.graph.input]
-    # Graph inputs that are also initializers have a default value: feeding them is optional.
-    required = [name for name in expected if name not in _initializer_names(model.graph)]
-    missing = [name for name in required if name not in feeds]
-    extra = [name for name in feeds if name not in expected]
-    if missing or extra:
-        optional = [name for name in expected if name not in required]
-        note = f" (optional, with initializer defaults: {optional})" if optional else ""
-        raise FeedError(
-            f"feeds do not match the model's inputs: expected {required}{note}, received "
-            f"{list(feeds)}; missing {missing}, unknown {extra}"
-        )
 
 
 def _initializer_names(graph: onnx.GraphProto) -> set[str]:

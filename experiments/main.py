@@ -1,0 +1,40 @@
+"""Entry point `main`: every study cheap enough to be the default, each a parent run of its attempts."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fusion  # noqa: E402
+import linreg  # noqa: E402
+
+from tracker import mlflow_log  # noqa: E402
+from tracker.experiment_args import add_measure_args, setup_logging  # noqa: E402
+
+STUDIES = {"linreg": linreg.run, "fusion": fusion.run}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_measure_args(parser)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--studies", default=",".join(STUDIES), help=f"comma-separated subset of {list(STUDIES)}")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.studies.split(",") if n.strip()]
+    unknown = sorted(set(names) - set(STUDIES))
+    if unknown:
+        parser.error(f"unknown studies {unknown}; expected a subset of {list(STUDIES)}")
+    setup_logging()
+    mlflow_log.setup_tracking()
+    with mlflow_log.study_run("main", experiment=args.experiment, params={"studies": ",".join(names)},
+                               tags={mlflow_log.TAG_ROLE: "main"}):
+        for name in names:
+            STUDIES[name](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
