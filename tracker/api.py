@@ -134,6 +134,7 @@ def log_attempt(
     feeds: Mapping[str, np.ndarray],
     *,
     name: str = "attempt",
+    experiment: str | None = None,
     baseline_outputs: list[np.ndarray] | None = None,
     config: MeasureConfig | None = None,
     evaluate: Evaluate | None = None,
@@ -147,6 +148,7 @@ def log_attempt(
         model: the model, in memory or as a path.
         feeds: its inputs.
         name: the attempt's name.
+        experiment: MLflow experiment of a top-level run (ignored inside an active run).
         baseline_outputs: outputs of a baseline on the same feeds, for the prediction-diff check.
         config: how to measure (default `MeasureConfig()`).
         evaluate: task metrics from the outputs.
@@ -158,6 +160,8 @@ def log_attempt(
 
     if mlflow.active_run() is None:
         mlflow_log.setup_tracking(tracking_uri)
+        if experiment:
+            mlflow_log.set_experiment(experiment)
     attempt = Attempt(name=name, model=model, **kwargs)
     baselines = _Baselines()
     with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:

@@ -99,9 +99,20 @@ class Attempt:
         if not isinstance(self.model, onnx.ModelProto):
             object.__setattr__(self, "model", Path(self.model))
 
-    def load(self) -> onnx.ModelProto:
-        """The model in memory (a path is loaded and checked)."""
-        return self.model if isinstance(self.model, onnx.ModelProto) else load_model(self.model)
+    def load(self, *, external_data: bool = True) -> onnx.ModelProto:
+        """The model in memory (a path is loaded and checked; its weights only if `external_data`)."""
+        if isinstance(self.model, onnx.ModelProto):
+            return self.model
+        return load_model(self.model, load_external_data=external_data)
+
+    def size_bytes(self) -> int:
+        """Size of the model: file plus external data files, or the serialized in-memory proto."""
+        if isinstance(self.model, onnx.ModelProto):
+            return int(self.model.ByteSize())
+        model = onnx.load(str(self.model), load_external_data=False)
+        locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
+        folder = self.model.parent
+        return self.model.stat().st_size + sum((folder / loc).stat().st_size for loc in locations)
 
 
 @dataclass
@@ -164,10 +175,11 @@ def measure_attempt(
     Raises:
         FeedError, ModelError: bad input, before anything is timed.
     """
-    model = attempt.load()
+    # ORT reads a path itself: only the reference runtime needs the weights in this process.
+    model = attempt.load(external_data=attempt.runtime == "reference")
     check_feeds(model, feeds)
     workdir = Path(workdir)
-    result = AttemptResult(attempt=attempt, graph=graph_stats(model, external_bytes=_external_bytes(attempt)))
+    result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes()))
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
     if attempt.runtime == "onnxruntime":
         source = attempt.model  # a path keeps large models out of this process's memory twice
@@ -197,20 +209,6 @@ def _measure_reference(result: AttemptResult, model: onnx.ModelProto, feeds, con
     result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
     for level in config.trace_levels:
         result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)
-
-
-def _external_bytes(attempt: Attempt) -> int:
-    """Size of the external data files next to a model given as a path."""
-    if isinstance(attempt.model, onnx.ModelProto):
-        return 0
-    model = onnx.load(str(attempt.model), load_external_data=False)
-    locations = set()
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                locations.add(entry.value)
-    folder = attempt.model.parent
-    return sum((folder / loc).stat().st_size for loc in locations if (folder / loc).is_file())
 
 
 def diff_against(result: AttemptResult, baseline: AttemptResult, *, skip_runs: int) -> dict[str, pd.DataFrame]:

@@ -114,11 +114,8 @@ def _profile(args: argparse.Namespace) -> int:
                             **({"intra_op_num_threads": args.threads} if args.threads else {}))
     config = MeasureConfig(profile_runs=args.runs, skip_runs=1 if args.runs > 1 else 0,
                            timing=TimingConfig(min_seconds=args.min_seconds))
-    if args.experiment:
-        import os
-
-        os.environ.setdefault("MLFLOW_EXPERIMENT_NAME", args.experiment)
-    result = log_attempt(args.model, feeds, name=args.name, config=config, session=session)
+    result = log_attempt(args.model, feeds, name=args.name, experiment=args.experiment, config=config,
+                         session=session)
     if not result.ok:
         print(f"error: attempt {args.name} failed: {result.error}", file=sys.stderr)
         return 1

@@ -24,7 +24,7 @@ class GraphStats:
         node_count: nodes of the main graph (function bodies and subgraphs not expanded).
         op_types: node count per op type; ops outside the default domain are `domain:OpType`.
         initializer_count, initializer_bytes: weights, counted from their shapes so external data counts.
-        size_bytes: serialized size of the protobuf (plus external data when `external_bytes` is known).
+        size_bytes: size of the model file and its external data (or of the in-memory protobuf).
         opsets: `{domain: version}` imports ("" is the default ONNX domain).
         function_count: model-local functions.
     """
@@ -53,12 +53,13 @@ class GraphStats:
         return {"model.opsets": opsets, "model.ir_version": str(self.ir_version)}
 
 
-def graph_stats(model: onnx.ModelProto, *, external_bytes: int = 0) -> GraphStats:
+def graph_stats(model: onnx.ModelProto, *, size_bytes: int | None = None) -> GraphStats:
     """Counts the nodes, op types and weights of `model`.
 
     Args:
         model: the model (its external data need not be loaded).
-        external_bytes: size of the model's external data files, added to `size_bytes`.
+        size_bytes: the model's size on disk, external data included; default: the serialized size
+            of `model` as it is in memory.
     """
     graph = model.graph
     op_types = Counter(_op_name(n) for n in graph.node)
@@ -68,7 +69,7 @@ def graph_stats(model: onnx.ModelProto, *, external_bytes: int = 0) -> GraphStat
         op_types=dict(sorted(op_types.items())),
         initializer_count=len(graph.initializer),
         initializer_bytes=int(init_bytes),
-        size_bytes=int(model.ByteSize()) + external_bytes,
+        size_bytes=int(model.ByteSize()) if size_bytes is None else size_bytes,
         opsets={o.domain: o.version for o in model.opset_import},
         function_count=len(model.functions),
         ir_version=int(model.ir_version),

@@ -72,6 +72,12 @@ def _redact(uri: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def set_experiment(name: str) -> None:
+    """Makes `name` the active experiment, unless `mlflow run` already chose one for this process."""
+    if not os.environ.get("MLFLOW_RUN_ID"):
+        mlflow.set_experiment(name)
+
+
 @contextlib.contextmanager
 def study_run(
     study: str, *, experiment: str | None, params: Mapping[str, str], tags: Mapping[str, str]
@@ -81,8 +87,8 @@ def study_run(
     Outside any run it starts one (inside `mlflow run` that attaches to the project's run); inside an
     active run it is nested under it.
     """
-    if experiment and not os.environ.get("MLFLOW_RUN_ID") and mlflow.active_run() is None:
-        mlflow.set_experiment(experiment)
+    if experiment and mlflow.active_run() is None:
+        set_experiment(experiment)
     nested = mlflow.active_run() is not None
     with mlflow.start_run(run_name=study, nested=nested) as run:
         mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: "study", **tags})

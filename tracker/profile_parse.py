@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import gzip
 import logging
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,9 +82,10 @@ def read_profile_bytes(path: str | Path) -> bytes:
         raise ProfileFormatError(f"profile file {str(path)!r} does not exist or is not a file")
     data = path.read_bytes()
     if data[:2] == _GZIP_MAGIC:
+        # A corrupt deflate stream raises zlib.error, which is neither OSError nor EOFError.
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise ProfileFormatError(f"profile {str(path)!r} is a damaged gzip file: {e}") from e
     return data
 

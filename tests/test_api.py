@@ -1,0 +1,115 @@
+"""The Python API against a real sqlite MLflow store: studies, single attempts, failures."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import onnx
+import pytest
+from mlflow import MlflowClient
+
+from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
+from tracker.fusions.add_eyelike import make_linear_model
+from tracker.settings import resolve_tracking_uri
+
+FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    # MLflow keeps the active experiment id of the previous test's store in a module global.
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    mlflow.set_tracking_uri(uri)  # code under test sets it too; a test's own runs must go there as well
+    yield MlflowClient(tracking_uri=uri)
+    while mlflow.active_run():
+        mlflow.end_run()
+
+
+@pytest.fixture
+def model():
+    return make_linear_model(n_features=8)
+
+
+@pytest.fixture
+def feeds():
+    return {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+
+
+def runs_of(client: MlflowClient, experiment: str) -> dict[str, object]:
+    exp = client.get_experiment_by_name(experiment)
+    return {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
+
+
+def test_a_crashing_attempt_fails_its_own_run_and_the_study_goes_on(store, model, feeds, tmp_path):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(b"this is not a protobuf \x00\xff" * 10)
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        study.attempt("baseline", model)
+        broken = study.attempt("broken", garbage)
+        study.attempt("threads1", model, session=SessionConfig(intra_op_num_threads=1))
+    assert not broken.ok and "not a readable ONNX model" in broken.error
+    runs = runs_of(store, "api")
+    assert runs["broken"].info.status == "FAILED"
+    assert "garbage.onnx" in runs["broken"].data.tags["tracker.error"]
+    assert runs["threads1"].info.status == "FINISHED"
+    assert runs["s"].info.status == "FINISHED"
+    assert runs["s"].data.metrics["study.failed"] == 1
+    assert runs["s"].data.metrics["study.attempts"] == 3
+    error_file = store.download_artifacts(runs["broken"].info.run_id, "error.txt", str(tmp_path))
+    assert "ModelError" in open(error_file).read()
+
+
+def test_feeds_that_do_not_match_fail_the_attempt_before_timing(store, model, tmp_path):
+    bad = {"X": np.zeros((2, 8), dtype=np.float64)}
+    with Study("s", feeds=bad, experiment="api", config=FAST) as study:
+        result = study.attempt("baseline", model)
+    assert "dtype float64, expected float32" in result.error
+    run = runs_of(store, "api")["baseline"]
+    assert run.info.status == "FAILED"
+    assert "latency.p50_ms" not in run.data.metrics
+
+
+def test_log_attempt_outside_a_run_makes_a_top_level_run(store, model, feeds):
+    result = log_attempt(model, feeds, name="solo", experiment="api", config=FAST)
+    run = store.get_run(result.run_id)
+    assert "mlflow.parentRunId" not in run.data.tags
+    assert run.data.metrics["diff.passed"] == 1.0
+    assert run.data.metrics["latency.runs"] >= 3
+    assert run.data.params["ort.graph_optimization_level"] == "all"
+
+
+def test_log_attempt_inside_an_active_run_nests_and_checks_against_given_outputs(store, model, feeds):
+    expected = [feeds["X"] @ (onnx.numpy_helper.to_array(model.graph.initializer[0]) + np.eye(8)) + 1.0]
+    mlflow.set_experiment("api")
+    with mlflow.start_run(run_name="training") as parent:
+        result = log_attempt(model, feeds, name="exported", config=FAST, baseline_outputs=expected,
+                             tolerance=EXACT)
+    run = store.get_run(result.run_id)
+    assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert result.diff is not None and not result.diff.passed
+    assert run.data.metrics["diff.passed"] == 0.0
+    assert run.data.tags["tracker.diff"] == "failed"
+
+
+def test_a_model_given_as_a_path_with_external_data_is_measured_and_sized(store, model, feeds, tmp_path):
+    path = tmp_path / "ext" / "model.onnx"
+    path.parent.mkdir()
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="weights.bin", size_threshold=0)
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        result = study.attempt("baseline", path)
+    assert result.ok, result.error
+    weights = (path.parent / "weights.bin").stat().st_size
+    assert result.graph.size_bytes == path.stat().st_size + weights
+    assert result.graph.initializer_bytes == (8 * 8 + 8) * 4
+
+
+def test_the_tracking_uri_is_the_users_or_an_absolute_sqlite_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(tmp_path) == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert resolve_tracking_uri(tmp_path).startswith("sqlite:////")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert resolve_tracking_uri(tmp_path) == "http://127.0.0.1:5000"
