@@ -9,18 +9,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import fusion  # noqa: E402
+import gpt2  # noqa: E402
 import linreg  # noqa: E402
 
 from tracker import mlflow_log  # noqa: E402
 from tracker.experiment_args import add_measure_args, setup_logging  # noqa: E402
 
-STUDIES = {"linreg": linreg.run, "fusion": fusion.run}
+STUDIES = {"linreg": linreg.run, "fusion": fusion.run, "gpt2": gpt2.run}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_measure_args(parser)
-    parser.add_argument("--seed", type=int, default=0)
+    gpt2.add_gpt2_args(parser)  # --seed included
     parser.add_argument("--studies", default=",".join(STUDIES), help=f"comma-separated subset of {list(STUDIES)}")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.studies.split(",") if n.strip()]

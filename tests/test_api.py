@@ -113,3 +113,16 @@ def test_the_tracking_uri_is_the_users_or_an_absolute_sqlite_file(monkeypatch, t
     assert resolve_tracking_uri(tmp_path).startswith("sqlite:////")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
     assert resolve_tracking_uri(tmp_path) == "http://127.0.0.1:5000"
+
+
+def test_an_attempt_that_fails_before_measuring_is_a_failed_run_and_the_best_attempt_is_named(store, model, feeds):
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        study.attempt("baseline", model)
+        study.record_failure("optimizer_crash", IndexError("list index out of range in the optimizer"))
+    runs = runs_of(store, "api")
+    crash = runs["optimizer_crash"]
+    assert crash.info.status == "FAILED"
+    assert crash.data.tags["tracker.error"] == "IndexError: list index out of range in the optimizer"
+    assert crash.data.tags["mlflow.parentRunId"] == runs["s"].info.run_id
+    assert runs["s"].data.tags["tracker.best_attempt"] == "baseline"
+    assert runs["s"].data.metrics["study.failed"] == 1

@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from typing import Literal
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from tracker import columns as C
 
-By = Literal["op", "node", "provider"]
-_BY_COLUMN = {"op": C.OP_TYPE, "node": C.NODE, "provider": C.PROVIDER}
+By = Literal["op", "node", "provider", "layer"]
+_BY_COLUMN = {"op": C.OP_TYPE, "node": C.NODE, "provider": C.PROVIDER, "layer": C.NODE}
+BY_CHOICES = tuple(_BY_COLUMN)
+NO_LAYER = "(outside layers)"
+# Transformer block names in exported node names: "/transformer/h.3/attn/MatMul" (torch exports),
+# "model.layers.3.mlp", "blocks_3_..."; the first match wins.
+_LAYER = re.compile(r"(?:^|[^A-Za-z0-9])(?:h|layers?|blocks?)[._/](\d+)(?=$|[^0-9])")
+
+
+def layer_of(node_name: str) -> str:
+    """The transformer block a node belongs to, from its name ("layer.03"), or NO_LAYER."""
+    match = _LAYER.search(node_name)
+    return f"layer.{int(match.group(1)):02d}" if match else NO_LAYER
 
 
 def keep_runs(events: pd.DataFrame, *, skip_runs: int = 0) -> pd.DataFrame:
@@ -33,7 +46,8 @@ def summarize(events: pd.DataFrame, *, by: By = "op", skip_runs: int = 0) -> pd.
 
     Args:
         events: one row per kernel invocation (`tracker.columns.EVENT_COLUMNS`).
-        by: "op" (ONNX op type), "node" (node name) or "provider" (execution provider).
+        by: "op" (ONNX op type), "node" (node name), "provider" (execution provider) or "layer"
+            (transformer block, from node names; see `layer_of`).
         skip_runs: leading runs to leave out, e.g. 1 to drop the slow first run.
 
     Returns:
@@ -41,8 +55,10 @@ def summarize(events: pd.DataFrame, *, by: By = "op", skip_runs: int = 0) -> pd.
     """
     if by not in _BY_COLUMN:
         raise ValueError(f"by must be one of {sorted(_BY_COLUMN)}, got {by!r}")
-    column = _BY_COLUMN[by]
     kept = keep_runs(events, skip_runs=skip_runs)
+    column = "_key"
+    keys = kept[_BY_COLUMN[by]]
+    kept = kept.assign(_key=keys.map(layer_of) if by == "layer" else keys)
     if kept.empty:
         return pd.DataFrame({c: pd.Series(dtype=_summary_dtype(c)) for c in C.SUMMARY_COLUMNS})
     n_runs = kept[C.RUN].nunique()

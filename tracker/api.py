@@ -16,6 +16,7 @@ from tracker import mlflow_log
 from tracker.artifacts import write_attempt_artifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.environment import fingerprint
+from tracker.keys import metric_keys
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +64,11 @@ class Study:
         tracking_uri: str | None = None,
         log_models: bool = True,
         workdir: str | Path | None = None,
+        latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> None:
         self.name = name
         self.feeds = dict(feeds)
+        self.latency_feeds = dict(latency_feeds or {})
         self.experiment = experiment
         self.config = config or MeasureConfig()
         self.evaluate = evaluate
@@ -77,7 +80,7 @@ class Study:
         self._workdir = Path(workdir) if workdir is not None else None
         self._baselines = _Baselines()
         self.results: list[AttemptResult] = []
-        self.run_ids: dict[str, str] = {}
+        self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
         self._run_cm = None
 
     def __enter__(self) -> Study:
@@ -110,17 +113,41 @@ class Study:
             study=self.name,
             evaluate=self.evaluate,
             log_model=self.log_models,
+            latency_feeds=self.latency_feeds,
         )
         self._baselines.add(result)
         self.results.append(result)
         return result
 
+    def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime") -> None:
+        """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        logger.error("attempt %s failed: %s: %s", name, type(error).__name__, error)
+        try:
+            with mlflow_log.attempt_run(self.name, name, runtime):
+                raise error
+        except type(error):
+            pass
+        self.failures[name] = f"{type(error).__name__}: {error}"
+
+    @property
+    def best(self) -> AttemptResult | None:
+        """The fastest attempt (median latency) that passed its accuracy check, baselines included."""
+        passed = [r for r in self.results if r.ok and r.diff is not None and r.diff.passed and r.latency]
+        return min(passed, key=lambda r: r.latency.p50_ms, default=None)
+
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
+                rows = [_summary_row(r, self._baselines) for r in self.results]
+                rows += [{"attempt": n, "status": "failed", "error": e} for n, e in self.failures.items()]
+                failed = sum(not r.ok for r in self.results) + len(self.failures)
+                best = self.best
                 mlflow_log.log_study_summary(
-                    [_summary_row(r, self._baselines) for r in self.results],
-                    metrics={"study.attempts": len(self.results), "study.failed": sum(not r.ok for r in self.results)},
+                    rows,
+                    metrics={"study.attempts": len(rows), "study.failed": failed},
+                    best=best.attempt.name if best else None,
                 )
         finally:
             self._run_cm.__exit__(exc_type, exc, tb)
@@ -189,6 +216,7 @@ def run_attempt(
     evaluate: Evaluate | None,
     log_model: bool,
     baseline_outputs: list[np.ndarray] | None = None,
+    latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> AttemptResult:
     """Measures an attempt and logs it in its own run; errors become a FAILED run and `result.error`."""
     result = AttemptResult(attempt=attempt)
@@ -199,15 +227,14 @@ def run_attempt(
             if baseline_outputs is None and output_reference is not None:
                 baseline_outputs = output_reference.outputs
             measured = measure_attempt(
-                attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs, evaluate=evaluate
+                attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs,
+                evaluate=evaluate, latency_feeds=latency_feeds,
             )
             measured.run_id = result.run_id
             result = measured
             if result.diff is None:
                 # The baseline against itself, so that every attempt carries the same diff.* keys.
-                from tracker.output_diff import compare_outputs
-
-                result.diff = compare_outputs(result.outputs, result.outputs, attempt.tolerance)
+                result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
             # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
             reference = baselines.per_runtime.get(attempt.runtime, result)
             artifacts = write_attempt_artifacts(
@@ -254,16 +281,34 @@ def _metrics(result: AttemptResult, reference: AttemptResult | None, tables: dic
         metrics["profile.kernel_events"] = float(len(result.profile.events))
     if reference is not None and reference.latency is not None and result.latency is not None:
         metrics["latency.speedup_vs_baseline"] = reference.latency.p50_ms / result.latency.p50_ms
+    for label, latency in result.latencies.items():
+        metrics.update(latency.metrics(prefix=f"latency.{label}"))
+        if reference is not None and label in reference.latencies:
+            metrics[f"latency.{label}.speedup_vs_baseline"] = reference.latencies[label].p50_ms / latency.p50_ms
     if result.diff is not None:
         metrics.update(result.diff.metrics())
     if result.graph is not None:
         metrics.update(result.graph.metrics())
         if reference is not None and reference.graph is not None:
             metrics["graph.node_delta"] = float(result.graph.node_count - reference.graph.node_count)
+    if "graph_diff" in tables:
+        metrics.update(graph_delta_metrics(tables["graph_diff"]))
     if "ops_by_op" in tables:
         metrics.update(mlflow_log.op_metrics(tables["ops_by_op"]))
     metrics.update(result.extra_metrics)
     metrics.update(result.attempt.metrics)
+    return metrics
+
+
+def graph_delta_metrics(graph_diff) -> dict[str, float]:
+    """`graph.delta.<OpType>` for every op type whose node count changed, and `graph.reshape_removed`."""
+    from tracker.graph_stats import DELTA, OP_TYPE
+
+    changed = graph_diff[graph_diff[DELTA] != 0]
+    keys = metric_keys("graph.delta", list(changed[OP_TYPE]), "nodes")
+    metrics = {keys[op]: float(d) for op, d in zip(changed[OP_TYPE], changed[DELTA])}
+    reshape = graph_diff.loc[graph_diff[OP_TYPE] == "Reshape", DELTA]
+    metrics["graph.reshape_removed"] = float(max(0, -int(reshape.iloc[0]))) if len(reshape) else 0.0
     return metrics
 
 

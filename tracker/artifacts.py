@@ -40,7 +40,7 @@ def write_attempt_artifacts(
     Args:
         result: the measured attempt.
         folder: an empty or new folder; everything in it is meant to be logged.
-        baseline: the attempt to compare with (same runtime), or None.
+        baseline: the attempt to compare with (same runtime; may be `result` itself), or None.
         skip_runs: warm-up runs left out of the per-op tables.
         top: ops shown in the charts before the rest is grouped.
     """
@@ -49,7 +49,7 @@ def write_attempt_artifacts(
     if result.profile is not None:
         for by in VIEWS:
             out.tables[f"ops_by_{by}"] = result.summary(by=by, skip_runs=skip_runs)
-    if baseline is not None and baseline is not result:
+    if baseline is not None:  # the baseline against itself too: every attempt has the same tables
         out.tables.update(diff_against(result, baseline, skip_runs=skip_runs))
     for name, table in out.tables.items():
         path = out.folder / "tables" / f"{name}.csv"

@@ -12,17 +12,20 @@ import onnx
 import pandas as pd
 
 from tracker import aggregate
+from tracker import reference_runtime as ref
 from tracker.feeds import check_feeds
 from tracker.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.latency import Latency, TimingConfig
 from tracker.model_io import load_model
 from tracker.ort_runtime import SessionConfig, profile_ort, time_ort
-from tracker.output_diff import FP32, OutputDiff, Tolerance, compare_outputs
+from tracker.output_diff import FP32, OutputDiff, Tolerance
+from tracker.lm_diff import LogitsDiff, LogitsTolerance
 from tracker.profile_parse import Profile, parse_profile
 
 logger = logging.getLogger(__name__)
 
 RUNTIMES = ("onnxruntime", "reference")
+_MAIN = "\0main"  # label of the main feeds among the feeds sets timed in one session
 TRACE_LEVELS = (1, 2, 3, 4)
 
 
@@ -84,7 +87,7 @@ class Attempt:
     runtime: str = "onnxruntime"
     session: SessionConfig = field(default_factory=SessionConfig)
     new_ops: tuple[type, ...] = ()
-    tolerance: Tolerance = FP32
+    tolerance: Tolerance | LogitsTolerance = FP32
     description: str = ""
     params: Mapping[str, str] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
@@ -127,8 +130,9 @@ class AttemptResult:
     profile: Profile | None = None
     optimized_model_path: Path | None = None
     outputs: list[np.ndarray] = field(default_factory=list)
-    diff: OutputDiff | None = None
+    diff: OutputDiff | LogitsDiff | None = None
     traces: dict[int, str] = field(default_factory=dict)
+    latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     extra_metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     run_id: str | None = None
@@ -161,6 +165,7 @@ def measure_attempt(
     workdir: str | Path,
     baseline_outputs: Sequence[np.ndarray] | None = None,
     evaluate: Callable[[list[np.ndarray]], Mapping[str, float]] | None = None,
+    latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> AttemptResult:
     """Measures an attempt: graph statistics, latency, profile, outputs and the diff check.
 
@@ -171,19 +176,25 @@ def measure_attempt(
         workdir: where the profile and ORT's optimized graph are written.
         baseline_outputs: outputs to compare against; None for the baseline itself.
         evaluate: optional task metrics from the outputs (e.g. `{"quality.mse": ...}`).
+        latency_feeds: more inputs to time (not profiled), by label, e.g. `{"s128": {...}}`.
 
     Raises:
         FeedError, ModelError: bad input, before anything is timed.
     """
     # ORT reads a path itself: only the reference runtime needs the weights in this process.
     model = attempt.load(external_data=attempt.runtime == "reference")
-    check_feeds(model, feeds)
+    latency_feeds = dict(latency_feeds or {})
+    for extra in (feeds, *latency_feeds.values()):
+        check_feeds(model, extra)
     workdir = Path(workdir)
     result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes()))
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
     if attempt.runtime == "onnxruntime":
         source = attempt.model  # a path keeps large models out of this process's memory twice
-        result.latency, result.outputs = time_ort(source, feeds, config=attempt.session, timing=config.timing)
+        sets = {_MAIN: feeds, **latency_feeds}
+        latencies, outputs = time_ort(source, sets, config=attempt.session, timing=config.timing)
+        result.latency, result.outputs = latencies.pop(_MAIN), outputs[_MAIN]
+        result.latencies = latencies
         logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
         profiled = profile_ort(source, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir)
         result.profile_path = profiled.profile_path
@@ -192,16 +203,16 @@ def measure_attempt(
         result.profile = parse_profile(profiled.profile_path)
     else:
         _measure_reference(result, model, feeds, config)
+        for label, extra in latency_feeds.items():
+            result.latencies[label] = ref.time_reference(model, extra, new_ops=attempt.new_ops, timing=config.timing)
     if baseline_outputs is not None:
-        result.diff = compare_outputs(baseline_outputs, result.outputs, attempt.tolerance)
+        result.diff = attempt.tolerance.compare(baseline_outputs, result.outputs)
     if evaluate is not None:
         result.extra_metrics.update({k: float(v) for k, v in evaluate(result.outputs).items()})
     return result
 
 
 def _measure_reference(result: AttemptResult, model: onnx.ModelProto, feeds, config: MeasureConfig) -> None:
-    from tracker import reference_runtime as ref
-
     attempt = result.attempt
     result.outputs = ref.run_reference(model, feeds, new_ops=attempt.new_ops)
     result.latency = ref.time_reference(model, feeds, new_ops=attempt.new_ops, timing=config.timing)

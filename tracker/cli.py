@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("summarize", help="print the per-op table of an ONNX Runtime profile")
     s.add_argument("profile", help="profile JSON file (or gzip of it)")
-    s.add_argument("--by", choices=("op", "node", "provider"), default="op")
+    s.add_argument("--by", choices=("op", "node", "provider", "layer"), default="op")
     s.add_argument("--skip-runs", type=int, default=0, help="leading (warm-up) runs to leave out")
     s.add_argument("--top", type=int, default=None, help="show the N largest rows, the rest grouped")
     s.add_argument("--json", action="store_true", help="machine-readable output")
@@ -78,7 +78,7 @@ def _summarize(args: argparse.Namespace) -> int:
 
     profile = parse_profile(args.profile)
     summary = aggregate.summarize(profile.events, by=args.by, skip_runs=args.skip_runs)
-    if args.top:
+    if args.top is not None:  # --top 0 is an error, not "show everything"
         summary = aggregate.top_n(summary, args.top)
     if args.json:
         print(json.dumps({

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 MAX_KEY_LENGTH = 250
 _DISALLOWED = re.compile(r"[^A-Za-z0-9_\-. :/]")
 _REPEATS = re.compile(r"/{2,}|\.{2,}")
+# A lone "." path segment ("a/./b", "x/.", "."): MLflow rejects keys that posixpath.normpath changes.
+_DOT_SEGMENT = re.compile(r"(?<![^/])\.(?![^/])")
 _FILE_DISALLOWED = re.compile(r"[^A-Za-z0-9_\-.]")
 
 
@@ -19,6 +21,7 @@ def sanitize_key(name: str) -> str:
     characters MLflow rejects (`a+b`, `a=b`) do not collide.
     """
     clean = _REPEATS.sub("_", _DISALLOWED.sub("_", name)).strip("/ ")
+    clean = _DOT_SEGMENT.sub("_", clean)
     if not clean:
         clean = "_"
     if clean != name:

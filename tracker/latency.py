@@ -72,10 +72,10 @@ class Latency:
             samples_ms=tuple(float(v) for v in ms),
         )
 
-    def metrics(self) -> dict[str, float]:
-        """The statistics as `latency.*` metric values (samples excluded)."""
+    def metrics(self, prefix: str = "latency") -> dict[str, float]:
+        """The statistics as `<prefix>.*` metric values (samples excluded)."""
         names = ("runs", "mean_ms", "std_ms", "min_ms", "p50_ms", "p90_ms", "p99_ms", "max_ms")
-        return {f"latency.{n}": float(getattr(self, n)) for n in names}
+        return {f"{prefix}.{n}": float(getattr(self, n)) for n in names}
 
 
 def time_runs(run_once: Callable[[], object], config: TimingConfig) -> Latency:

@@ -32,6 +32,7 @@ TAG_STATUS = "tracker.status"
 TAG_ERROR = "tracker.error"
 TAG_DIFF = "tracker.diff"
 TAG_ROLE = "tracker.role"
+TAG_BEST = "tracker.best_attempt"
 _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 _MAX_TAG_CHARS = 5000
 
@@ -233,8 +234,9 @@ def _pip_requirements() -> list[str]:
     return [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime")]
 
 
-def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, float]) -> None:
-    """Logs the table of a study's attempts on the study run."""
+def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, float], best: str | None) -> None:
+    """Logs the table of a study's attempts, and the best attempt that passed its check, on the study run."""
+    mlflow.set_tag(TAG_BEST, best or "none passed")
     table = pd.DataFrame(rows)
     if not table.empty:
         mlflow.log_table(_json_safe(table), artifact_file="study/attempts.json")

@@ -116,17 +116,24 @@ def run_session(session, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
 
 def time_ort(
     model: onnx.ModelProto | str | Path,
-    feeds: Mapping[str, np.ndarray],
+    feeds_by_label: Mapping[str, Mapping[str, np.ndarray]],
     *,
     config: SessionConfig,
     timing: TimingConfig,
-) -> tuple[Latency, list[np.ndarray]]:
-    """Latency with profiling off, and the outputs of one run of the same session."""
+) -> tuple[dict[str, Latency], dict[str, list[np.ndarray]]]:
+    """Latency with profiling off for each set of feeds, all in one session (created once).
+
+    Returns:
+        The latency and the outputs of one run, per label of `feeds_by_label`.
+    """
     session = make_session(model, config)
-    feeds = dict(feeds)
-    outputs = session.run(None, feeds)
-    latency = time_runs(lambda: session.run(None, feeds), timing)
-    return latency, outputs
+    latencies, outputs = {}, {}
+    for label, feeds in feeds_by_label.items():
+        feeds = dict(feeds)
+        outputs[label] = session.run(None, feeds)
+        logger.info("timing %s", label)
+        latencies[label] = time_runs(lambda: session.run(None, feeds), timing)
+    return latencies, outputs
 
 
 def profile_ort(

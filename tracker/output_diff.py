@@ -20,6 +20,10 @@ class Tolerance:
         if self.rtol < 0 or self.atol < 0:
             raise ValueError(f"tolerances must be >= 0, got rtol={self.rtol}, atol={self.atol}")
 
+    def compare(self, baseline: Sequence[np.ndarray], attempt: Sequence[np.ndarray]) -> OutputDiff:
+        """`compare_outputs` with these tolerances."""
+        return compare_outputs(baseline, attempt, self)
+
 
 EXACT = Tolerance("exact", rtol=0.0, atol=0.0)
 # fp32 variants of one graph agree within a few 1e-6; 1e-4 separates real breakage from float noise.

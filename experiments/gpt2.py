@@ -1,0 +1,65 @@
+"""Study `gpt2`: GPT-2 exported to ONNX, then every optimization attempt as a nested run.
+
+Without `--model` the real gpt2-small architecture is built from its config with seeded weights
+(no model hub here); the runs are tagged `tracker.weights` so nobody mistakes them for pretrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tracker import SessionConfig
+from tracker.experiment_args import add_measure_args, measure_config, session_kwargs, setup_logging
+from tracker.gpt2.study import GPT2StudyConfig, run_gpt2_study
+
+
+def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="", help="local directory (or cached name) for from_pretrained")
+    parser.add_argument("--size", default="small", choices=("small", "tiny"), help="architecture built from a config")
+    parser.add_argument("--config-path", default="", help="a GPT2Config JSON file instead of --size")
+    parser.add_argument("--exporter", default="dynamo", choices=("dynamo", "torchscript"))
+    parser.add_argument("--seq-lens", default="8,32,128", help="sequence lengths timed, comma-separated")
+    parser.add_argument("--headline-seq", type=int, default=32, help="the length profiled and checked")
+    parser.add_argument("--attempts", default="all", help="comma-separated attempt names, or 'all'")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
+    try:
+        seq_lens = tuple(int(v) for v in args.seq_lens.split(",") if v.strip())
+    except ValueError:
+        raise SystemExit(f"--seq-lens expects comma-separated integers, got {args.seq_lens!r}") from None
+    attempts = None if args.attempts.strip() in ("", "all") else tuple(a.strip() for a in args.attempts.split(","))
+    return GPT2StudyConfig(
+        model=args.model or None,
+        size=args.size,
+        config_path=args.config_path or None,
+        exporter=args.exporter,
+        seq_lens=seq_lens,
+        headline_seq=args.headline_seq,
+        attempts=attempts,
+        seed=args.seed,
+        measure=measure_config(args),
+        session=SessionConfig(**session_kwargs(args)),
+    )
+
+
+def run(args: argparse.Namespace):
+    return run_gpt2_study(gpt2_config(args), experiment=args.experiment)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_measure_args(parser)
+    add_gpt2_args(parser)
+    args = parser.parse_args(argv)
+    setup_logging()
+    study = run(args)
+    best = study.best
+    print(f"gpt2: best attempt that passed its accuracy check: {best.attempt.name if best else 'none'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`tracker profile MODEL.onnx` logs a real attempt to a real sqlite store."""
+
+from __future__ import annotations
+
+import mlflow
+import onnx
+from mlflow import MlflowClient
+
+from tracker.cli import main
+from tracker.fusions.add_eyelike import make_linear_model
+
+
+def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, monkeypatch, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    path = tmp_path / "linear.onnx"
+    onnx.save(make_linear_model(n_features=16), str(path))
+    code = main(["profile", str(path), "--dim", "N=3", "--runs", "4", "--min-seconds", "0",
+                 "--opt-level", "disable", "--threads", "1", "--name", "cli", "--experiment", "cli"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "MatMul" in out and "EyeLike" in out  # optimizations off: the file's own ops run
+    client = MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("cli").experiment_id])[0]
+    assert run.info.run_name == "cli" and run.info.status == "FINISHED"
+    assert run.data.params["ort.graph_optimization_level"] == "disable"
+    assert run.data.metrics["op.EyeLike.calls"] == 3
+    assert run.info.run_id in out
+
+
+def test_profile_without_a_size_for_a_symbolic_dim_names_the_dim(tmp_path, capsys):
+    path = tmp_path / "linear.onnx"
+    onnx.save(make_linear_model(n_features=16), str(path))
+    assert main(["profile", str(path)]) == 2
+    assert "'N'" in capsys.readouterr().err
+
+
+def test_profile_of_a_file_that_is_not_onnx_is_a_clear_error(tmp_path, capsys):
+    path = tmp_path / "notes.onnx"
+    path.write_text("not a model")
+    assert main(["profile", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "notes.onnx" in err and "ONNX" in err

@@ -1,0 +1,153 @@
+"""The GPT-2 study: export once, then every registered optimization as a nested attempt run."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracker.api import Study
+from tracker.attempt import MeasureConfig
+from tracker.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
+from tracker.ort_runtime import SessionConfig
+
+logger = logging.getLogger(__name__)
+
+WEIGHTS_TAG = "tracker.weights"
+
+
+@dataclass(frozen=True)
+class GPT2StudyConfig:
+    """What the GPT-2 study exports, which attempts it runs and how it measures them.
+
+    Attributes:
+        model: a local directory (or cached name) for `from_pretrained`; None builds from `size`.
+        size: "small" (the real gpt2-small architecture) or "tiny" (for tests).
+        config_path: a GPT2Config JSON file, instead of `size`.
+        exporter: "dynamo" or "torchscript".
+        seq_lens: sequence lengths timed (profiling off) for every attempt.
+        headline_seq: the length that is profiled, checked against the baseline and headlined.
+        batch: batch size of the token inputs.
+        attempts: registered optimizations to run after the baseline (all by default).
+        seed: seed of the weights (when built from a config) and of the tokens.
+        measure: how every attempt is measured.
+        session: ONNX Runtime settings of every attempt.
+    """
+
+    model: str | None = None
+    size: str = "small"
+    config_path: str | None = None
+    exporter: str = "dynamo"
+    seq_lens: tuple[int, ...] = (8, 32, 128)
+    headline_seq: int = 32
+    batch: int = 1
+    attempts: tuple[str, ...] | None = None
+    seed: int = 0
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+
+    def __post_init__(self) -> None:
+        from tracker.optimizations import REGISTRY
+
+        if not self.seq_lens or min(self.seq_lens) < 1:
+            raise ValueError(f"seq_lens must be positive integers, got {self.seq_lens}")
+        if self.headline_seq not in self.seq_lens:
+            raise ValueError(f"headline_seq {self.headline_seq} must be one of seq_lens {self.seq_lens}")
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        unknown = sorted(set(self.attempts or ()) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"unknown attempts {unknown}; expected some of {list(REGISTRY)}")
+
+    @property
+    def attempt_names(self) -> tuple[str, ...]:
+        from tracker.optimizations import REGISTRY
+
+        return self.attempts if self.attempts is not None else tuple(REGISTRY)
+
+
+def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None) -> Study:
+    """Exports GPT-2, checks ONNX Runtime against PyTorch, and logs the baseline and every attempt.
+
+    Each attempt may fail (the optimizer raises, ORT refuses the result): its run is marked FAILED
+    with the error and the study goes on.
+    """
+    from tracker.gpt2.export import export_gpt2, verify_export
+    from tracker.gpt2.model import load_gpt2
+    from tracker.gpt2.tokens import feeds_for, make_tokens
+    from tracker.optimizations import REGISTRY, ModelInfo
+
+    with tempfile.TemporaryDirectory(prefix="tracker-gpt2-") as tmp:
+        work = Path(workdir) if workdir is not None else Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        logger.info("gpt2: loading the model (%s)", config.model or config.config_path or config.size)
+        loaded = load_gpt2(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
+        logger.info("gpt2: exporting with the %s exporter", config.exporter)
+        exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
+        tokens = {n: make_tokens(batch=config.batch, seq_len=n, vocab_size=loaded.vocab_size, seed=config.seed)
+                  for n in config.seq_lens}
+        logger.info("gpt2: checking ONNX Runtime against PyTorch at seq %d", config.headline_seq)
+        check = verify_export(loaded, exported.path, tokens[config.headline_seq])
+        feeds = {n: feeds_for(t, exported.input_names) for n, t in tokens.items()}
+        info = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size)
+        weights = "pretrained" if loaded.pretrained else "random (seeded), not pretrained"
+        params = {
+            **loaded.params,
+            "export.exporter": exported.exporter,
+            "export.opset": str(exported.opset),
+            "seq_lens": ",".join(map(str, config.seq_lens)),
+            "headline_seq": str(config.headline_seq),
+            "batch": str(config.batch),
+        }
+        with Study(
+            "gpt2",
+            feeds=feeds[config.headline_seq],
+            latency_feeds={f"s{n}": f for n, f in feeds.items()},
+            experiment=experiment,
+            config=config.measure,
+            params=params,
+            tags={WEIGHTS_TAG: weights},
+            workdir=work / "measure",
+        ) as study:
+            study.attempt(
+                "baseline",
+                exported.path,
+                session=config.session,
+                tolerance=LOGITS_FP32,
+                description=f"GPT-2 exported with the {exported.exporter} exporter ({weights})",
+                metrics={
+                    "export.seconds": exported.seconds,
+                    "export.torch_max_abs": check.max_abs,
+                    "export.torch_passed": float(check.passed),
+                },
+                params={"export.torch_atol": repr(check.atol)},
+            )
+            for name in config.attempt_names:
+                _run_attempt(study, name, REGISTRY[name], exported.path, work / name, info, config)
+        return study
+
+
+def _run_attempt(study: Study, name: str, transform, source: Path, target: Path, info, config: GPT2StudyConfig) -> None:
+    logger.info("gpt2: optimizing %s", name)
+    start = time.perf_counter()
+    try:
+        transformed = transform(source, target, info)
+    except Exception as e:  # any optimizer failure is a result of the study, logged on its own run
+        study.record_failure(name, e)
+        return
+    seconds = time.perf_counter() - start
+    metrics = {f"fusion.{op}": float(n) for op, n in transformed.fusions.items()}
+    metrics["optimize.seconds"] = seconds
+    if transformed.fully_optimized is not None:
+        metrics["fusion.fully_optimized"] = float(transformed.fully_optimized)
+    study.attempt(
+        name,
+        transformed.path,
+        session=config.session,
+        tolerance=LOGITS_TOLERANCES[transformed.precision],
+        description="; ".join(transformed.notes),
+        metrics=metrics,
+        params={**transformed.params, "precision": transformed.precision, "applied": str(transformed.applied)},
+    )
