@@ -29,9 +29,14 @@ COMMON_METRICS = {
 }
 
 
+def with_venv(env: dict[str, str]) -> dict[str, str]:
+    """`mlflow run --env-manager local` runs `python ...`: make it this interpreter, activated or not."""
+    return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
+
+
 def mlflow_run(tmp_path: Path, entry: str, *params: str) -> MlflowClient:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    env = with_venv({**os.environ, "MLFLOW_TRACKING_URI": uri})
     command = [sys.executable, "-m", "mlflow", "run", str(ROOT), "-e", entry, "--env-manager", "local",
                "--experiment-name", "studies", *FAST, *params]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
@@ -144,7 +149,7 @@ def test_a_bad_mlproject_parameter_fails_with_a_message_naming_it(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     command = [sys.executable, "-m", "mlflow", "run", str(ROOT), "-e", "linreg", "--env-manager", "local",
                "-P", "profile_runs=zero"]
-    done = subprocess.run(command, env={**os.environ, "MLFLOW_TRACKING_URI": uri}, cwd=tmp_path,
+    done = subprocess.run(command, env=with_venv({**os.environ, "MLFLOW_TRACKING_URI": uri}), cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "--profile-runs" in done.stderr and "'zero'" in done.stderr

@@ -1,0 +1,145 @@
+"""Tests of tracker.keys: every derived metric key passes MLflow's own validator; file names are safe."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from mlflow.exceptions import MlflowException
+from mlflow.utils.validation import _validate_metric
+
+from tracker.keys import MAX_KEY_LENGTH, metric_keys, safe_filename, sanitize_key
+
+NAMES = [
+    pytest.param("/transformer/h.0/attn/MatMul", id="torch-export-path"),
+    pytest.param("/transformer/h.0/attn/MatMul_1", id="torch-export-path-suffixed"),
+    pytest.param("a+b", id="plus"),
+    pytest.param("a=b", id="equals"),
+    pytest.param("x[0]", id="brackets"),
+    pytest.param("a,b@c#d%e", id="comma-at-hash-percent"),
+    pytest.param("..", id="dot-dot"),
+    pytest.param("../../etc/passwd", id="parent-traversal"),
+    pytest.param("a/../b", id="dot-dot-segment"),
+    pytest.param(".", id="dot"),
+    pytest.param("a/./b", id="dot-segment"),
+    pytest.param("./x", id="leading-dot-segment"),
+    pytest.param("x/.", id="trailing-dot-segment"),
+    pytest.param("a//b", id="double-slash"),
+    pytest.param("/", id="slash"),
+    pytest.param("a/", id="trailing-slash"),
+    pytest.param("", id="empty"),
+    pytest.param("   ", id="spaces"),
+    pytest.param("Gemm:fused", id="colon"),
+    pytest.param("naïve_矩阵", id="non-ascii"),
+    pytest.param("tab\there\nnewline", id="control-characters"),
+    pytest.param("n" * 300, id="300-valid-chars"),
+    pytest.param("/" + "layer/" * 50 + "MatMul", id="300-char-path"),
+    pytest.param("a+" * 150, id="300-rejected-chars"),
+]
+
+
+def _mlflow_accepts(key: str) -> bool:
+    try:
+        _validate_metric(key, 1.0, 0, 0)  # name characters, path normalization and length
+    except MlflowException:
+        return False
+    return True
+
+
+def test_the_validator_rejects_what_the_facts_say_it_rejects():
+    # Guards the helper: if MLflow stopped rejecting these, the tests below would prove nothing.
+    for bad in ["/a", "a//b", "..", "a/./b", ".", "a+b", "a=b", "x[0]", "n" * 251]:
+        assert not _mlflow_accepts(bad), bad
+    assert _mlflow_accepts("op.MatMul.pct")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_sanitized_keys_are_accepted_by_mlflow(name):
+    key = sanitize_key(name)
+    assert _mlflow_accepts(key), key
+    assert 0 < len(key) <= MAX_KEY_LENGTH
+
+
+@pytest.mark.parametrize(
+    "name", ["MatMul", "op.MatMul.pct", "latency.p50_ms", "a/b/c", "Gemm:fused", "has space", "h.0-x"]
+)
+def test_valid_names_are_kept_as_they_are(name):
+    assert sanitize_key(name) == name
+
+
+def test_a_torch_node_name_keeps_its_readable_path():
+    key = sanitize_key("/transformer/h.0/attn/MatMul")
+    assert key.startswith("transformer/h.0/attn/MatMul_")
+
+
+@pytest.mark.parametrize(
+    "group",
+    [
+        pytest.param(["a+b", "a=b", "a[b", "a,b", "a_b", "a@b"], id="one-rejected-character"),
+        pytest.param(["..", ".", "", "/", "//", " ", "_"], id="names-that-clean-to-nothing"),
+        pytest.param(["a/./b", "a/_/b", "a//b", "a/../b"], id="path-segments"),
+        pytest.param(["n" * 300, "n" * 299 + "m", "n" * 260], id="long-names-differing-at-the-end"),
+    ],
+)
+def test_names_that_differ_only_in_rejected_characters_do_not_collide(group):
+    keys = [sanitize_key(name) for name in group]
+    assert len(set(keys)) == len(group), dict(zip(group, keys))
+
+
+def test_sanitize_key_is_deterministic():
+    assert sanitize_key("a+b") == sanitize_key("a+b")
+
+
+@pytest.mark.parametrize(
+    ("prefix", "suffix"),
+    [("op", "pct"), ("node", "us_per_run"), ("node.by_run", "calls_per_run")],
+    ids=["op-pct", "node-time", "long-prefix-and-suffix"],
+)
+def test_metric_keys_are_accepted_and_keep_under_250_chars(prefix, suffix):
+    names = [p.values[0] for p in NAMES]
+    keys = metric_keys(prefix, names, suffix)
+    assert list(keys) == names
+    for name, key in keys.items():
+        assert len(key) <= MAX_KEY_LENGTH, name
+        assert key.startswith(f"{prefix}.") and key.endswith(f".{suffix}")
+        assert _mlflow_accepts(key), key
+    assert len(set(keys.values())) == len(names)
+
+
+def test_metric_keys_of_long_names_that_differ_at_the_end_do_not_collide():
+    names = ["/model/" + "block/" * 40 + f"MatMul_{i}" for i in range(3)]
+    keys = metric_keys("node", names, "us_per_run")
+    assert len(set(keys.values())) == 3
+    assert all(len(k) <= MAX_KEY_LENGTH for k in keys.values())
+
+
+FILE_NAMES = [*NAMES, pytest.param("...", id="three-dots"), pytest.param("a/b\\c", id="both-separators")]
+
+
+@pytest.mark.parametrize("name", FILE_NAMES)
+def test_safe_filename_is_one_path_component(name):
+    result = safe_filename(name)
+    assert "/" not in result and "\\" not in result
+    assert result not in ("", ".", "..")
+    assert not result.startswith(".")
+    assert len(result) <= 100
+
+
+@pytest.mark.parametrize("max_length", [20, 50])
+def test_safe_filename_honours_max_length(max_length):
+    assert len(safe_filename("x" * 300, max_length=max_length)) == max_length
+
+
+def test_safe_filenames_of_names_that_differ_only_in_separators_do_not_collide():
+    names = ["a/b", "a\\b", "a_b", "a:b", "a b"]
+    assert len({safe_filename(n) for n in names}) == len(names)
+
+
+def test_safe_filename_keeps_a_plain_name():
+    assert safe_filename("summary_by_op.csv") == "summary_by_op.csv"
+
+
+def test_every_pair_of_listed_names_gets_distinct_keys():
+    names = [p.values[0] for p in NAMES]
+    for a, b in itertools.combinations(names, 2):
+        assert sanitize_key(a) != sanitize_key(b), (a, b)

@@ -1,0 +1,142 @@
+"""Tests of tracker.model_io.load_model on real files: non-ONNX files, checker failures, valid models."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tracker.errors import ModelError
+from tracker.fusions.add_eyelike import make_linear_model
+from tracker.model_io import check_model, load_model, model_bytes
+
+NOT_ONNX = r"not (a readable|an) ONNX model"
+
+
+@pytest.fixture(scope="module")
+def model() -> onnx.ModelProto:
+    return make_linear_model(n_features=8, seed=0)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(b"name,value\nlatency,3.5\n", id="csv-text"),
+        pytest.param(b'[{"cat": "Node", "name": "x_kernel_time"}]', id="json-profile"),
+        pytest.param(bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)), id="random-bytes"),
+        pytest.param(b"", id="empty-file"),
+        pytest.param(b"\x00" * 64, id="zero-bytes"),
+    ],
+)
+def test_a_file_that_is_not_onnx_raises_model_error_saying_so(content, tmp_path):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ModelError, match=NOT_ONNX) as info:
+        load_model(path)
+    assert str(path) in str(info.value)
+
+
+def test_a_missing_file_raises_model_error(tmp_path):
+    with pytest.raises(ModelError, match=r"does not exist or is not a file"):
+        load_model(tmp_path / "missing.onnx")
+
+
+def _undefined_input_model() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["X", "Z"], ["Y"], name="add")],  # Z is defined nowhere
+        "undefined_input",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+def _opset_0_model() -> onnx.ModelProto:
+    model = make_linear_model(n_features=4)
+    model.opset_import[0].version = 0
+    return model
+
+
+def _opset_before_eyelike_model() -> onnx.ModelProto:
+    model = make_linear_model(n_features=4)
+    model.opset_import[0].version = 5  # EyeLike exists from opset 9
+    return model
+
+
+def _no_default_opset_model() -> onnx.ModelProto:
+    model = make_linear_model(n_features=4)
+    del model.opset_import[:]
+    return model
+
+
+def _unknown_op_model() -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("NoSuchOp", ["X"], ["Y"], name="bad")],
+        "unknown_op",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_undefined_input_model, id="node-reading-an-undefined-input"),
+        pytest.param(_opset_0_model, id="opset-0"),
+        pytest.param(_opset_before_eyelike_model, id="opset-older-than-an-op"),
+        pytest.param(_no_default_opset_model, id="no-opset-import"),
+        pytest.param(_unknown_op_model, id="unknown-op-type"),
+    ],
+)
+def test_a_model_failing_the_checker_raises_model_error_mentioning_the_checker(make, tmp_path):
+    path = tmp_path / "bad.onnx"
+    onnx.save_model(make(), str(path))
+    with pytest.raises(ModelError, match=r"fails the ONNX checker") as info:
+        load_model(path)
+    assert str(path) in str(info.value)
+    assert isinstance(info.value.__cause__, onnx.checker.ValidationError)
+
+
+def test_the_checker_can_be_skipped(tmp_path):
+    path = tmp_path / "bad.onnx"
+    onnx.save_model(_undefined_input_model(), str(path))
+    loaded = load_model(path, check=False)
+    assert loaded.graph.node[0].input[1] == "Z"
+
+
+def test_check_model_names_the_source():
+    with pytest.raises(ModelError, match=r"^attempt fused fails the ONNX checker"):
+        check_model(_undefined_input_model(), source="attempt fused")
+
+
+def test_a_valid_model_loads_equal_to_what_was_saved(model, tmp_path):
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(model, str(path))
+    loaded = load_model(path)
+    assert loaded.SerializeToString() == model.SerializeToString()
+    assert model_bytes(loaded) == path.stat().st_size
+
+
+def test_a_valid_model_with_external_data_loads_with_or_without_its_weights(model, tmp_path):
+    path = tmp_path / "linear.onnx"
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    onnx.save_model(copy, str(path), save_as_external_data=True, location="linear.onnx.data", size_threshold=0)
+
+    with_weights = load_model(path)
+    without = load_model(path, load_external_data=False)
+    assert [t.name for t in without.graph.initializer] == ["A", "B"]
+    assert all(not t.raw_data for t in without.graph.initializer)
+    np.testing.assert_array_equal(
+        onnx.numpy_helper.to_array(with_weights.graph.initializer[0]),
+        onnx.numpy_helper.to_array(model.graph.initializer[0]),
+    )
+
+
+def test_model_error_is_a_value_error(tmp_path):
+    path = tmp_path / "x.onnx"
+    path.write_text("not a model")
+    with pytest.raises(ValueError):
+        load_model(path)
