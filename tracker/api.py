@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from tracker import mlflow_log
 from tracker.artifacts import write_attempt_artifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.environment import fingerprint
+from tracker.model_io import ort_can_load
+from tracker.record import AttemptRecord, save_record
 from tracker.keys import metric_keys
 
 logger = logging.getLogger(__name__)
@@ -144,11 +147,17 @@ class Study:
                 rows += [{"attempt": n, "status": "failed", "error": e} for n, e in self.failures.items()]
                 failed = sum(not r.ok for r in self.results) + len(self.failures)
                 best = self.best
-                mlflow_log.log_study_summary(
-                    rows,
-                    metrics={"study.attempts": len(rows), "study.failed": failed},
-                    best=best.attempt.name if best else None,
-                )
+                try:
+                    mlflow_log.log_study_summary(
+                        rows,
+                        metrics={"study.attempts": len(rows), "study.failed": failed},
+                        best=best.attempt.name if best else None,
+                    )
+                except Exception as e:
+                    kept = [str(r.outbox) for r in self.results if r.outbox is not None]
+                    logger.error("could not log the summary of study %s (%s: %s); its run stays open on the "
+                                 "server until `tracker upload` sends the attempts kept in %s",
+                                 self.name, type(e).__name__, e, kept or "the outbox")
         finally:
             self._run_cm.__exit__(exc_type, exc, tb)
             self._run_cm = None
@@ -218,55 +227,96 @@ def run_attempt(
     baseline_outputs: list[np.ndarray] | None = None,
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
 ) -> AttemptResult:
-    """Measures an attempt and logs it in its own run; errors become a FAILED run and `result.error`."""
+    """Measures an attempt, then logs it in its own run.
+
+    Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
+    error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
+    record is kept in the outbox (`tracker.record.outbox_root()`) and the log says how to upload it.
+    """
+    parent_run_id, experiment_id = mlflow_log.current_ids()
+    record = AttemptRecord(attempt.name, study, attempt.runtime, parent_run_id=parent_run_id,
+                           experiment_id=experiment_id, params=_attempt_params(attempt))
     result = AttemptResult(attempt=attempt)
     try:
-        with mlflow_log.attempt_run(study, attempt.name, attempt.runtime) as run:
-            result.run_id = run.info.run_id
-            output_reference = baselines.for_outputs(attempt.runtime)
-            if baseline_outputs is None and output_reference is not None:
-                baseline_outputs = output_reference.outputs
-            measured = measure_attempt(
-                attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs,
-                evaluate=evaluate, latency_feeds=latency_feeds,
-            )
-            measured.run_id = result.run_id
-            result = measured
-            if result.diff is None:
-                # The baseline against itself, so that every attempt carries the same diff.* keys.
-                result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
-            # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
-            reference = baselines.per_runtime.get(attempt.runtime, result)
-            artifacts = write_attempt_artifacts(
-                result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs
-            )
-            mlflow_log.log_attempt_result(
-                result,
-                artifacts,
-                params=_params(result, config),
-                metrics=_metrics(result, reference, artifacts.tables),
-                log_model=log_model,
-            )
+        output_reference = baselines.for_outputs(attempt.runtime)
+        if baseline_outputs is None and output_reference is not None:
+            baseline_outputs = output_reference.outputs
+        result = measure_attempt(
+            attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs,
+            evaluate=evaluate, latency_feeds=latency_feeds,
+        )
+        if result.diff is None:
+            # The baseline against itself, so that every attempt carries the same diff.* keys.
+            result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
+        # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
+        reference = baselines.per_runtime.get(attempt.runtime, result)
+        artifacts = write_attempt_artifacts(result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs)
+        _fill_record(record, result, artifacts, config, reference, workdir, log_model=log_model)
     except Exception as e:
         logger.error("attempt %s failed: %s: %s", attempt.name, type(e).__name__, e)
         result.error = f"{type(e).__name__}: {e}"
+        record.status, record.error = "FAILED", result.error
+        record.traceback = "".join(traceback.format_exception(e))
+    _log_or_keep(record, result)
     return result
 
 
-def _params(result: AttemptResult, config: MeasureConfig) -> dict[str, str]:
+def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:
+    try:
+        mlflow_log.ensure_reachable()
+        with mlflow_log.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
+            record.run_id = result.run_id = run.info.run_id
+            mlflow_log.log_record(record)
+    except Exception as e:
+        result.outbox = save_record(record)
+        logger.error(
+            "could not log attempt %s (%s: %s); its results are kept in %s; upload them with "
+            "`tracker upload %s` once the tracking server is back",
+            record.attempt, type(e).__name__, e, result.outbox, result.outbox,
+        )
+
+
+def _fill_record(record, result, artifacts, config, reference, workdir: Path, *, log_model: bool) -> None:
     attempt = result.attempt
+    record.params.update(_params(result, config))
+    record.metrics = _metrics(result, reference, artifacts.tables)
+    record.tags = {mlflow_log.TAG_STATUS: "ok" if result.diff.passed else "diff_failed",
+                   mlflow_log.TAG_DIFF: "passed" if result.diff.passed else "failed"}
+    if attempt.description:
+        record.tags["mlflow.note.content"] = attempt.description
+    record.artifact_dir = str(artifacts.folder)
+    record.tables = list(artifacts.tables)
+    record.files = {str(p): "profile" for p in (result.profile_path, result.optimized_model_path) if p is not None}
+    if log_model:
+        if isinstance(attempt.model, onnx.ModelProto):
+            path = workdir / "model" / "model.onnx"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx.save(attempt.model, str(path))
+            model = attempt.model
+        else:
+            path = attempt.model
+            model = onnx.load(str(path), load_external_data=False)
+        record.model_path = str(path)
+        record.model_flavor = ort_can_load(model)
+
+
+def _attempt_params(attempt: Attempt) -> dict[str, str]:
     params = {"attempt.name": attempt.name, "attempt.runtime": attempt.runtime}
     if attempt.runtime == "onnxruntime":
         params.update(attempt.session.params())
     else:
         params["reference.new_ops"] = ",".join(f"{c.op_domain}:{c.__name__}" for c in attempt.new_ops) or "none"
-    params.update(config.params())
-    params.update(fingerprint())
+    params.update(attempt.params)
+    return params
+
+
+def _params(result: AttemptResult, config: MeasureConfig) -> dict[str, str]:
+    params = {**config.params(), **fingerprint()}
     if result.graph is not None:
         params.update(result.graph.params())
     if result.diff is not None:
         params.update(result.diff.params())
-    params.update(attempt.params)
+    params.update(result.attempt.params)
     return params
 
 

@@ -136,6 +136,7 @@ class AttemptResult:
     extra_metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     run_id: str | None = None
+    outbox: Path | None = None  # where the record was kept when it could not be logged
 
     @property
     def ok(self) -> bool:

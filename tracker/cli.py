@@ -18,7 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     try:
         return args.func(args)
-    except (TrackerError, ValueError) as e:
+    except (TrackerError, ValueError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
@@ -53,7 +53,26 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--verbose", type=int, choices=(1, 2, 3, 4), default=2)
     i.add_argument("--node", default=None, help="evaluate only this node, on inputs from a full run")
     i.set_defaults(func=_inspect, progress=False)
+    u = sub.add_parser("upload", help="log the attempts kept locally when the tracking server was unreachable")
+    u.add_argument("folder", nargs="?", default=None, help="the outbox folder (default: $TRACKER_OUTBOX or ./tracker-outbox)")
+    u.set_defaults(func=_upload)
     return parser
+
+
+def _upload(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tracker import mlflow_log
+    from tracker.record import find_records, outbox_root
+
+    folder = Path(args.folder) if args.folder else outbox_root()
+    if not find_records(folder):
+        print(f"nothing to upload under {folder}")
+        return 0
+    uri = mlflow_log.setup_tracking()
+    runs = mlflow_log.upload_records(folder)
+    print(f"uploaded {len(runs)} attempt run(s) to {mlflow_log.redact(uri)}: {', '.join(runs)}")
+    return 0
 
 
 def _add_feed_options(parser: argparse.ArgumentParser) -> None:

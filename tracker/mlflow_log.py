@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import traceback
 import urllib.error
 import urllib.request
@@ -17,8 +16,7 @@ import onnx
 import pandas as pd
 
 from tracker import columns as C
-from tracker.artifacts import AttemptArtifacts
-from tracker.attempt import AttemptResult
+from tracker.record import AttemptRecord
 from tracker.errors import TrackingServerError
 from tracker.keys import metric_keys, sanitize_key
 from tracker.settings import resolve_tracking_uri
@@ -33,7 +31,6 @@ TAG_ERROR = "tracker.error"
 TAG_DIFF = "tracker.diff"
 TAG_ROLE = "tracker.role"
 TAG_BEST = "tracker.best_attempt"
-_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 _MAX_TAG_CHARS = 5000
 
 
@@ -50,19 +47,30 @@ def setup_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> str:
     return uri
 
 
+def ensure_reachable(*, timeout_s: float = 5.0) -> None:
+    """Checks the current tracking server answers (no-op for a local store).
+
+    Raises:
+        TrackingServerError: it does not.
+    """
+    uri = mlflow.get_tracking_uri()
+    if uri.startswith(("http://", "https://")):
+        _check_server(uri, timeout_s)
+
+
 def _check_server(uri: str, timeout_s: float) -> None:
     health = uri.rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(health, timeout=timeout_s) as response:
             response.read()
     except (urllib.error.URLError, OSError) as e:
-        shown = _redact(uri)
+        shown = redact(uri)
         raise TrackingServerError(
             f"MLflow tracking server {shown} is unreachable ({e}); start it or fix MLFLOW_TRACKING_URI"
         ) from None
 
 
-def _redact(uri: str) -> str:
+def redact(uri: str) -> str:
     """The URI without a password, for messages and logs."""
     from urllib.parse import urlsplit, urlunsplit
 
@@ -91,69 +99,84 @@ def study_run(
     if experiment and mlflow.active_run() is None:
         set_experiment(experiment)
     nested = mlflow.active_run() is not None
-    with mlflow.start_run(run_name=study, nested=nested) as run:
+    run = mlflow.start_run(run_name=study, nested=nested)
+    try:
         mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: "study", **tags})
         mlflow.log_params(dict(params))
         yield run
+    except BaseException:
+        end_run_quietly("FAILED")
+        raise
+    else:
+        end_run_quietly("FINISHED")
 
 
 @contextlib.contextmanager
-def attempt_run(study: str | None, attempt_name: str, runtime: str) -> Iterator[mlflow.ActiveRun]:
-    """A run for one attempt, nested under the active run if there is one.
+def attempt_run(
+    study: str | None, attempt_name: str, runtime: str, *, status: str = "FINISHED",
+    parent_run_id: str | None = None, experiment_id: str | None = None,
+) -> Iterator[mlflow.ActiveRun]:
+    """A run for one attempt, nested under the active run (or `parent_run_id`) if there is one.
 
-    An exception inside marks the run FAILED with the error text before it propagates.
+    It ends with `status`; an exception inside marks it FAILED with the error text, then propagates.
     """
     nested = mlflow.active_run() is not None
-    run = mlflow.start_run(run_name=attempt_name, nested=nested)
+    run = mlflow.start_run(run_name=attempt_name, nested=nested, parent_run_id=parent_run_id,
+                           experiment_id=experiment_id)
     tags = {TAG_ATTEMPT: attempt_name, TAG_RUNTIME: runtime, TAG_ROLE: "attempt"}
     if study:
         tags[TAG_STUDY] = study
-    mlflow.set_tags(tags)
     try:
+        mlflow.set_tags(tags)
         yield run
     except BaseException as e:
-        log_failure(e)
-        mlflow.end_run(status="FAILED")
+        with contextlib.suppress(Exception):  # the server may be what failed
+            log_failure(e)
+        end_run_quietly("FAILED")
         raise
     else:
-        mlflow.end_run(status="FINISHED")
+        mlflow.end_run(status=status)
 
 
-def log_failure(error: BaseException) -> None:
+def end_run_quietly(status: str) -> None:
+    """Ends the active run; if the server cannot be told, still leaves this process's run stack clean."""
+    try:
+        mlflow.end_run(status=status)
+    except Exception:
+        run = mlflow.active_run()
+        logger.warning("could not tell the tracking server that run %s ended", run.info.run_id if run else None)
+        with contextlib.suppress(Exception):
+            mlflow.tracking.fluent._active_run_stack.get().pop()  # no public way to drop a dead run
+
+
+def log_failure(error: BaseException | str, traceback_text: str | None = None) -> None:
     """Records an error on the active run: status tag, error text tag and the traceback as a file."""
-    text = "".join(traceback.format_exception(error))
-    mlflow.set_tags({TAG_STATUS: "failed", TAG_ERROR: f"{type(error).__name__}: {error}"[:_MAX_TAG_CHARS]})
-    mlflow.log_text(text, "error.txt")
+    if isinstance(error, BaseException):
+        traceback_text = traceback_text or "".join(traceback.format_exception(error))
+        error = f"{type(error).__name__}: {error}"
+    mlflow.set_tags({TAG_STATUS: "failed", TAG_ERROR: error[:_MAX_TAG_CHARS]})
+    mlflow.log_text(traceback_text or error, "error.txt")
 
 
-def log_attempt_result(
-    result: AttemptResult,
-    artifacts: AttemptArtifacts,
-    *,
-    params: Mapping[str, str],
-    metrics: Mapping[str, float],
-    log_model: bool = True,
-) -> None:
-    """Logs a measured attempt on the active run: params, metrics, tables, charts, profile, model."""
-    attempt = result.attempt
-    mlflow.log_params({k: str(v)[:6000] for k, v in params.items()})
-    mlflow.log_metrics(_clean_metrics(metrics))
-    status = "ok" if result.diff is None or result.diff.passed else "diff_failed"
-    tags = {TAG_STATUS: status}
-    if result.diff is not None:
-        tags[TAG_DIFF] = "passed" if result.diff.passed else "failed"
-    if attempt.description:
-        tags["mlflow.note.content"] = attempt.description
-    mlflow.set_tags(tags)
-    mlflow.log_artifacts(str(artifacts.folder))
-    for name, table in artifacts.tables.items():
-        mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
-    if result.profile_path is not None:
-        mlflow.log_artifact(str(result.profile_path), "profile")
-    if result.optimized_model_path is not None:
-        mlflow.log_artifact(str(result.optimized_model_path), "profile")
-    if log_model:
-        _log_model(result)
+def log_record(record: AttemptRecord) -> None:
+    """Logs everything an attempt record holds on the active run."""
+    if record.params:
+        mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
+    if record.metrics:
+        mlflow.log_metrics(_clean_metrics(record.metrics))
+    if record.tags:
+        mlflow.set_tags(record.tags)
+    if record.artifact_dir:
+        mlflow.log_artifacts(record.artifact_dir)
+        for name in record.tables:
+            table = pd.read_csv(Path(record.artifact_dir) / "tables" / f"{name}.csv", dtype={C.KEY: str})
+            mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
+    for path, folder in record.files.items():
+        mlflow.log_artifact(path, folder)
+    if record.model_path:
+        _log_model_file(Path(record.model_path), flavor=record.model_flavor)
+    if record.status == "FAILED":
+        log_failure(record.error or "failed", record.traceback)
 
 
 def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
@@ -175,23 +198,19 @@ def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
     return table.astype(object).where(table.notna(), None)
 
 
-def _log_model(result: AttemptResult) -> None:
-    model = result.attempt.load()
-    if _ort_can_load(model):
+def _log_model_file(path: Path, *, flavor: bool) -> None:
+    if flavor:
         # No input_example: it would make MLflow load and run the model once more.
         mlflow.onnx.log_model(
-            onnx_model=_copy_model(model),
+            onnx_model=onnx.load(str(path)),
             name="model",
-            signature=_signature(model),
+            signature=_signature(onnx.load(str(path), load_external_data=False)),
             pip_requirements=_pip_requirements(),
             onnx_execution_providers=["CPUExecutionProvider"],
         )
     else:
         # The onnx flavor's pyfunc would fail on an op ORT does not know: keep the file as is.
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "model.onnx"
-            onnx.save(model, str(path))
-            mlflow.log_artifact(str(path), "model")
+        mlflow.log_artifact(str(path), "model")
         mlflow.set_tag("tracker.model_format", "plain artifact (custom-domain op)")
 
 
@@ -214,24 +233,73 @@ def _signature(model: onnx.ModelProto):
     return ModelSignature(inputs=specs(inputs), outputs=specs(model.graph.output))
 
 
-def _copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    # log_model moves large tensors to external data by mutating the proto it is given.
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    return copy
-
-
-def _ort_can_load(model: onnx.ModelProto) -> bool:
-    local = {(f.domain, f.name) for f in model.functions}
-    return all(
-        n.domain in _STANDARD_DOMAINS or (n.domain, n.op_type) in local for n in model.graph.node
-    )
-
-
 def _pip_requirements() -> list[str]:
     from importlib import metadata
 
     return [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime")]
+
+
+def upload_records(root: Path) -> list[str]:
+    """Logs every record kept under `root` (see `tracker.record`) and removes it once logged.
+
+    A record whose run was created before the failure gets a fresh run; the partial one is marked
+    FAILED and points at its replacement. Parent study runs left RUNNING are ended as FINISHED.
+
+    Returns:
+        The ids of the runs created.
+    """
+    import shutil
+
+    from tracker.record import find_records, load_record
+
+    client = mlflow.MlflowClient()
+    created, parents = [], set()
+    for folder in find_records(root):
+        record = load_record(folder)
+        parent = record.parent_run_id if record.parent_run_id and _run_exists(client, record.parent_run_id) else None
+        experiment_id = record.experiment_id if record.experiment_id and _experiment_exists(client, record.experiment_id) else None
+        with attempt_run(record.study, record.attempt, record.runtime, status=record.status,
+                         parent_run_id=parent, experiment_id=experiment_id) as run:
+            log_record(record)
+            mlflow.set_tag("tracker.uploaded_from", str(folder))
+        if record.run_id and _run_exists(client, record.run_id):
+            client.set_tag(record.run_id, "tracker.superseded_by", run.info.run_id)
+            client.set_terminated(record.run_id, status="FAILED")
+        if parent:
+            parents.add(parent)
+        created.append(run.info.run_id)
+        shutil.rmtree(folder)
+        logger.info("uploaded %s as run %s", folder, run.info.run_id)
+    for parent in parents:
+        if client.get_run(parent).info.status == "RUNNING":
+            client.set_tag(parent, "tracker.uploaded_later", "true")
+            client.set_terminated(parent, status="FINISHED")
+    return created
+
+
+def _run_exists(client, run_id: str) -> bool:
+    try:
+        client.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return False
+    return True
+
+
+def _experiment_exists(client, experiment_id: str) -> bool:
+    try:
+        return client.get_experiment(experiment_id) is not None
+    except mlflow.exceptions.MlflowException:
+        return False
+
+
+def current_ids() -> tuple[str | None, str | None]:
+    """(active run id, experiment id) of this process, for records that may have to be uploaded later."""
+    run = mlflow.active_run()
+    if run is not None:
+        return run.info.run_id, run.info.experiment_id
+    from mlflow.tracking.fluent import _get_experiment_id
+
+    return None, _get_experiment_id()
 
 
 def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, float], best: str | None) -> None:

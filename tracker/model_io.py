@@ -42,3 +42,12 @@ def check_model(model: onnx.ModelProto | str | Path, *, source: str = "model") -
 def model_bytes(model: onnx.ModelProto) -> int:
     """Serialized size of an in-memory model (its external data excluded)."""
     return int(model.ByteSize())
+
+
+_STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
+
+
+def ort_can_load(model: onnx.ModelProto) -> bool:
+    """False for a custom-domain op without a model-local function: ONNX Runtime cannot load it."""
+    local = {(f.domain, f.name) for f in model.functions}
+    return all(n.domain in _STANDARD_DOMAINS or (n.domain, n.op_type) in local for n in model.graph.node)
