@@ -19,6 +19,7 @@ from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attem
 from tracker.environment import fingerprint
 from tracker.model_io import ort_can_load
 from tracker.record import AttemptRecord, save_record
+from tracker.speedup import Speedup, verdict
 from tracker.keys import metric_keys
 
 logger = logging.getLogger(__name__)
@@ -136,9 +137,12 @@ class Study:
 
     @property
     def best(self) -> AttemptResult | None:
-        """The fastest attempt (median latency) that passed its accuracy check, baselines included."""
-        passed = [r for r in self.results if r.ok and r.diff is not None and r.diff.passed and r.latency]
-        return min(passed, key=lambda r: r.latency.p50_ms, default=None)
+        """The attempt to ship: the largest speed-up among those that passed their accuracy check and
+        are faster than their baseline beyond the noise ("better"), else the first baseline."""
+        better = [r for r in self.results if r.verdict == "better"]
+        if better:
+            return max(better, key=lambda r: r.speedup.speedup)
+        return next((r for r in self.results if r.verdict == "baseline"), None)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
@@ -241,15 +245,18 @@ def run_attempt(
         output_reference = baselines.for_outputs(attempt.runtime)
         if baseline_outputs is None and output_reference is not None:
             baseline_outputs = output_reference.outputs
+        same_runtime = baselines.per_runtime.get(attempt.runtime)
         result = measure_attempt(
             attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs,
             evaluate=evaluate, latency_feeds=latency_feeds,
+            reference=same_runtime.attempt if same_runtime is not None else None,
         )
         if result.diff is None:
             # The baseline against itself, so that every attempt carries the same diff.* keys.
             result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
         # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
-        reference = baselines.per_runtime.get(attempt.runtime, result)
+        reference = same_runtime or result
+        result.verdict = "baseline" if reference is result else verdict(result.speedup, accuracy_passed=result.diff.passed)
         artifacts = write_attempt_artifacts(result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs)
         _fill_record(record, result, artifacts, config, reference, workdir, log_model=log_model)
     except Exception as e:
@@ -281,7 +288,8 @@ def _fill_record(record, result, artifacts, config, reference, workdir: Path, *,
     record.params.update(_params(result, config))
     record.metrics = _metrics(result, reference, artifacts.tables)
     record.tags = {mlflow_log.TAG_STATUS: "ok" if result.diff.passed else "diff_failed",
-                   mlflow_log.TAG_DIFF: "passed" if result.diff.passed else "failed"}
+                   mlflow_log.TAG_DIFF: "passed" if result.diff.passed else "failed",
+                   mlflow_log.TAG_VERDICT: result.verdict}
     if attempt.description:
         record.tags["mlflow.note.content"] = attempt.description
     record.artifact_dir = str(artifacts.folder)
@@ -331,6 +339,10 @@ def _metrics(result: AttemptResult, reference: AttemptResult | None, tables: dic
         metrics["profile.kernel_events"] = float(len(result.profile.events))
     if reference is not None and reference.latency is not None and result.latency is not None:
         metrics["latency.speedup_vs_baseline"] = reference.latency.p50_ms / result.latency.p50_ms
+    if result.speedup is not None:
+        metrics.update(result.speedup.metrics())
+    elif reference is result:
+        metrics.update(Speedup(1.0, 1.0, 1.0, 0.95, 0).metrics())
     for label, latency in result.latencies.items():
         metrics.update(latency.metrics(prefix=f"latency.{label}"))
         if reference is not None and label in reference.latencies:
@@ -371,6 +383,10 @@ def _summary_row(result: AttemptResult, baselines: _Baselines) -> dict[str, obje
         "attempt": result.attempt.name,
         "runtime": result.attempt.runtime,
         "status": "failed" if not result.ok else ("ok" if result.diff is None or result.diff.passed else "diff_failed"),
+        "verdict": result.verdict,
+        "speedup": result.speedup.speedup if result.speedup else None,
+        "speedup_ci_low": result.speedup.ci_low if result.speedup else None,
+        "speedup_ci_high": result.speedup.ci_high if result.speedup else None,
         "p50_ms": result.latency.p50_ms if result.latency else None,
         "speedup_vs_baseline": speedup,
         "diff_max_abs": result.diff.max_abs if result.diff else None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -15,18 +16,19 @@ from tracker import aggregate
 from tracker import reference_runtime as ref
 from tracker.feeds import check_feeds
 from tracker.graph_stats import GraphStats, diff_graphs, graph_stats
-from tracker.latency import Latency, TimingConfig
+from tracker.latency import Latency, TimingConfig, time_runs
 from tracker.model_io import load_model
-from tracker.ort_runtime import SessionConfig, profile_ort, time_ort
+from tracker.ort_runtime import SessionConfig, make_session, profile_ort
 from tracker.output_diff import FP32, OutputDiff, Tolerance
 from tracker.lm_diff import LogitsDiff, LogitsTolerance
 from tracker.profile_parse import Profile, parse_profile
+from tracker.speedup import Speedup, estimate_speedup, time_interleaved
 
 logger = logging.getLogger(__name__)
 
 RUNTIMES = ("onnxruntime", "reference")
-_MAIN = "\0main"  # label of the main feeds among the feeds sets timed in one session
 TRACE_LEVELS = (1, 2, 3, 4)
+MIN_PAIRS = 10
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class AttemptResult:
     diff: OutputDiff | LogitsDiff | None = None
     traces: dict[int, str] = field(default_factory=dict)
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
+    speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
+    verdict: str | None = None  # "baseline", or one of tracker.speedup.VERDICTS
     extra_metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     run_id: str | None = None
@@ -167,8 +171,9 @@ def measure_attempt(
     baseline_outputs: Sequence[np.ndarray] | None = None,
     evaluate: Callable[[list[np.ndarray]], Mapping[str, float]] | None = None,
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    reference: Attempt | None = None,
 ) -> AttemptResult:
-    """Measures an attempt: graph statistics, latency, profile, outputs and the diff check.
+    """Measures an attempt: graph statistics, latency, speed-up, profile, outputs and the diff check.
 
     Args:
         attempt: what to measure.
@@ -178,6 +183,8 @@ def measure_attempt(
         baseline_outputs: outputs to compare against; None for the baseline itself.
         evaluate: optional task metrics from the outputs (e.g. `{"quality.mse": ...}`).
         latency_feeds: more inputs to time (not profiled), by label, e.g. `{"s128": {...}}`.
+        reference: the baseline of the same runtime; when given, the two are timed interleaved on
+            `feeds` for the speed-up and its confidence interval.
 
     Raises:
         FeedError, ModelError: bad input, before anything is timed.
@@ -190,22 +197,34 @@ def measure_attempt(
     workdir = Path(workdir)
     result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes()))
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
+    run = _runner(attempt, model)
+    result.outputs = run(feeds)
+    result.latency = time_runs(lambda: run(feeds), config.timing)
+    for label, extra in latency_feeds.items():
+        logger.info("attempt %s: timing %s", attempt.name, label)
+        run(extra)
+        result.latencies[label] = time_runs(lambda: run(extra), config.timing)
+    if reference is not None:
+        logger.info("attempt %s: timing interleaved with %s", attempt.name, reference.name)
+        run_reference = _runner(reference, reference.load(external_data=reference.runtime == "reference"))
+        # a bootstrap interval needs a few pairs, whatever the latency loop was told
+        timing = dataclasses.replace(config.timing, min_runs=max(config.timing.min_runs, MIN_PAIRS))
+        pairs = time_interleaved(lambda: run_reference(feeds), lambda: run(feeds), timing)
+        result.speedup = estimate_speedup(*pairs)
+        del run_reference
+    del run
+    logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
     if attempt.runtime == "onnxruntime":
-        source = attempt.model  # a path keeps large models out of this process's memory twice
-        sets = {_MAIN: feeds, **latency_feeds}
-        latencies, outputs = time_ort(source, sets, config=attempt.session, timing=config.timing)
-        result.latency, result.outputs = latencies.pop(_MAIN), outputs[_MAIN]
-        result.latencies = latencies
-        logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
-        profiled = profile_ort(source, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir)
+        profiled = profile_ort(attempt.model, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir)
         result.profile_path = profiled.profile_path
         result.optimized_model_path = profiled.optimized_model_path
         result.profiled_latency = profiled.latency
         result.profile = parse_profile(profiled.profile_path)
     else:
-        _measure_reference(result, model, feeds, config)
-        for label, extra in latency_feeds.items():
-            result.latencies[label] = ref.time_reference(model, extra, new_ops=attempt.new_ops, timing=config.timing)
+        result.profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
+        result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
+        for level in config.trace_levels:
+            result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)
     if baseline_outputs is not None:
         result.diff = attempt.tolerance.compare(baseline_outputs, result.outputs)
     if evaluate is not None:
@@ -213,14 +232,14 @@ def measure_attempt(
     return result
 
 
-def _measure_reference(result: AttemptResult, model: onnx.ModelProto, feeds, config: MeasureConfig) -> None:
-    attempt = result.attempt
-    result.outputs = ref.run_reference(model, feeds, new_ops=attempt.new_ops)
-    result.latency = ref.time_reference(model, feeds, new_ops=attempt.new_ops, timing=config.timing)
-    result.profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
-    result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
-    for level in config.trace_levels:
-        result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)
+def _runner(attempt: Attempt, model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+    """One inference of `attempt` in its runtime, session or evaluator created once."""
+    if attempt.runtime == "onnxruntime":
+        # a path keeps large models out of this process's memory: ORT reads the file itself
+        session = make_session(attempt.model, attempt.session)
+        return lambda feeds: session.run(None, dict(feeds))
+    evaluator = ref.make_evaluator(model, new_ops=attempt.new_ops)
+    return lambda feeds: evaluator.run(None, dict(feeds))
 
 
 def diff_against(result: AttemptResult, baseline: AttemptResult, *, skip_runs: int) -> dict[str, pd.DataFrame]:

@@ -31,6 +31,7 @@ TAG_ERROR = "tracker.error"
 TAG_DIFF = "tracker.diff"
 TAG_ROLE = "tracker.role"
 TAG_BEST = "tracker.best_attempt"
+TAG_VERDICT = "tracker.verdict"
 _MAX_TAG_CHARS = 5000
 
 

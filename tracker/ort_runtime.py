@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from tracker.errors import ModelError
-from tracker.latency import Latency, TimingConfig, time_runs
+from tracker.latency import Latency
 
 logger = logging.getLogger(__name__)
 
@@ -112,28 +112,6 @@ def make_session(
 def run_session(session, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
     """One inference; outputs in graph output order."""
     return session.run(None, dict(feeds))
-
-
-def time_ort(
-    model: onnx.ModelProto | str | Path,
-    feeds_by_label: Mapping[str, Mapping[str, np.ndarray]],
-    *,
-    config: SessionConfig,
-    timing: TimingConfig,
-) -> tuple[dict[str, Latency], dict[str, list[np.ndarray]]]:
-    """Latency with profiling off for each set of feeds, all in one session (created once).
-
-    Returns:
-        The latency and the outputs of one run, per label of `feeds_by_label`.
-    """
-    session = make_session(model, config)
-    latencies, outputs = {}, {}
-    for label, feeds in feeds_by_label.items():
-        feeds = dict(feeds)
-        outputs[label] = session.run(None, feeds)
-        logger.info("timing %s", label)
-        latencies[label] = time_runs(lambda: session.run(None, feeds), timing)
-    return latencies, outputs
 
 
 def profile_ort(
