@@ -18,7 +18,7 @@ from tracker.artifacts import write_attempt_artifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.environment import fingerprint
 from tracker.model_io import ort_can_load
-from tracker.record import AttemptRecord, save_record
+from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.speedup import Speedup, verdict
 from tracker.keys import metric_keys
 
@@ -151,17 +151,16 @@ class Study:
                 rows += [{"attempt": n, "status": "failed", "error": e} for n, e in self.failures.items()]
                 failed = sum(not r.ok for r in self.results) + len(self.failures)
                 best = self.best
+                summary = {"rows": rows, "metrics": {"study.attempts": len(rows), "study.failed": failed},
+                           "best": best.attempt.name if best else None}
                 try:
-                    mlflow_log.log_study_summary(
-                        rows,
-                        metrics={"study.attempts": len(rows), "study.failed": failed},
-                        best=best.attempt.name if best else None,
-                    )
+                    mlflow_log.ensure_reachable()
+                    mlflow_log.log_study_summary(**summary)
                 except Exception as e:
-                    kept = [str(r.outbox) for r in self.results if r.outbox is not None]
-                    logger.error("could not log the summary of study %s (%s: %s); its run stays open on the "
-                                 "server until `tracker upload` sends the attempts kept in %s",
-                                 self.name, type(e).__name__, e, kept or "the outbox")
+                    kept = save_summary(summary, study=self.name, parent_run_id=self.run.info.run_id)
+                    logger.error("could not log the summary of study %s (%s: %s); it is kept in %s and its run "
+                                 "stays open on the server until `tracker upload %s`",
+                                 self.name, type(e).__name__, e, kept.parent, kept.parent.parent)
         finally:
             self._run_cm.__exit__(exc_type, exc, tb)
             self._run_cm = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import traceback
@@ -142,6 +143,7 @@ def attempt_run(
 def end_run_quietly(status: str) -> None:
     """Ends the active run; if the server cannot be told, still leaves this process's run stack clean."""
     try:
+        ensure_reachable()  # a dead server would make end_run retry for minutes
         mlflow.end_run(status=status)
     except Exception:
         run = mlflow.active_run()
@@ -251,7 +253,7 @@ def upload_records(root: Path) -> list[str]:
     """
     import shutil
 
-    from tracker.record import find_records, load_record
+    from tracker.record import find_records, find_summaries, load_record
 
     client = mlflow.MlflowClient()
     created, parents = [], set()
@@ -271,9 +273,17 @@ def upload_records(root: Path) -> list[str]:
         created.append(run.info.run_id)
         shutil.rmtree(folder)
         logger.info("uploaded %s as run %s", folder, run.info.run_id)
+    for path in find_summaries(root):
+        summary = json.loads(path.read_text())
+        parent = summary["parent_run_id"]
+        if _run_exists(client, parent):
+            with mlflow.start_run(run_id=parent):
+                log_study_summary(summary["rows"], metrics=summary["metrics"], best=summary["best"])
+            parents.add(parent)
+        path.unlink()
     for parent in parents:
-        if client.get_run(parent).info.status == "RUNNING":
-            client.set_tag(parent, "tracker.uploaded_later", "true")
+        client.set_tag(parent, "tracker.uploaded_later", "true")
+        if client.get_run(parent).info.status != "FINISHED":
             client.set_terminated(parent, status="FINISHED")
     return created
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
+SUMMARY_FILE = "study_summary.json"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -69,8 +70,8 @@ def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
         saved.artifact_dir = "artifacts"
     saved.files = {}
     for index, (path, artifact_folder) in enumerate(record.files.items()):
-        target = folder / "files" / f"{index}-{Path(path).name}"
-        target.parent.mkdir(exist_ok=True)
+        target = folder / "files" / str(index) / Path(path).name  # names kept: they are artifact names
+        target.parent.mkdir(parents=True)
         shutil.copyfile(path, target)
         saved.files[str(target.relative_to(folder))] = artifact_folder
     if record.model_path:
@@ -94,6 +95,20 @@ def load_record(folder: str | Path) -> AttemptRecord:
     if record.model_path:
         record.model_path = str(folder / record.model_path)
     return record
+
+
+def save_summary(summary: dict, *, study: str, parent_run_id: str, root: Path | None = None) -> Path:
+    """Keeps a study's summary (rows, metrics, best attempt) that could not be logged on its run."""
+    folder = (root or outbox_root()) / _SAFE.sub("_", f"{study}-{parent_run_id}")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / SUMMARY_FILE
+    path.write_text(json.dumps({"study": study, "parent_run_id": parent_run_id, **summary}, indent=1, default=str))
+    return path
+
+
+def find_summaries(root: str | Path) -> list[Path]:
+    """Study summaries kept under `root`."""
+    return sorted(Path(root).rglob(SUMMARY_FILE))
 
 
 def find_records(root: str | Path) -> list[Path]:

@@ -1,0 +1,68 @@
+"""A tracking server that dies in the middle of a study: nothing measured is lost, and it uploads later."""
+
+from __future__ import annotations
+
+import logging
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
+from tracker.cli import main
+from tracker.fusions.add_eyelike import make_linear_model
+from tracker.record import find_records
+from tracker.server import LocalMlflowServer
+
+FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
+
+
+@pytest.fixture
+def server(tmp_path):
+    server = LocalMlflowServer(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts")
+    server.start()
+    yield server
+    server.kill()
+
+
+def test_attempts_measured_after_the_server_died_are_kept_and_uploaded_later(
+    server, tmp_path, monkeypatch, caplog
+):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    model = make_linear_model(n_features=8)
+    feeds = {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+    caplog.set_level(logging.ERROR, logger="tracker")
+    with Study("outage", feeds=feeds, experiment="outage", config=FAST) as study:
+        study.attempt("baseline", model)
+        server.kill()
+        late = study.attempt("ort_opt_disabled", model, session=SessionConfig(graph_optimization_level="disable"))
+    parent_id = study.run.info.run_id
+
+    assert late.ok and late.latency is not None, "measuring does not need the server"
+    assert late.outbox is not None and late.outbox.is_dir()
+    assert f"tracker upload {late.outbox}" in caplog.text
+    assert "could not log the summary of study outage" in caplog.text
+    assert [p.name for p in find_records(tmp_path / "outbox")] == ["ort_opt_disabled"]
+    assert mlflow.active_run() is None, "no dead run is left on this process's run stack"
+
+    server.start()
+    mlflow.set_tracking_uri(server.uri)
+    assert main(["upload", str(tmp_path / "outbox")]) == 0
+    client = MlflowClient(tracking_uri=server.uri)
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("outage").experiment_id])}
+    assert set(runs) == {"outage", "baseline", "ort_opt_disabled"}
+    uploaded = runs["ort_opt_disabled"]
+    assert uploaded.data.tags["mlflow.parentRunId"] == parent_id
+    assert uploaded.info.status == "FINISHED"
+    assert uploaded.data.metrics["latency.p50_ms"] == pytest.approx(late.latency.p50_ms)
+    assert uploaded.data.params["ort.graph_optimization_level"] == "disable"
+    artifacts = {a.path for a in client.list_artifacts(uploaded.info.run_id, "profile")}
+    assert "profile/ort_profile.json" in artifacts
+    assert runs["outage"].info.status == "FINISHED"
+    assert runs["outage"].data.tags["tracker.uploaded_later"] == "true"
+    assert runs["outage"].data.tags["tracker.best_attempt"] in ("baseline", "ort_opt_disabled")
+    assert runs["outage"].data.metrics["study.attempts"] == 2
+    assert not find_records(tmp_path / "outbox"), "uploaded records are removed"
