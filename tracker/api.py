@@ -118,6 +118,7 @@ class Study:
             evaluate=self.evaluate,
             log_model=self.log_models,
             latency_feeds=self.latency_feeds,
+            tags=self.tags,
         )
         self._baselines.add(result)
         self.results.append(result)
@@ -229,8 +230,9 @@ def run_attempt(
     log_model: bool,
     baseline_outputs: list[np.ndarray] | None = None,
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+    tags: Mapping[str, str] | None = None,
 ) -> AttemptResult:
-    """Measures an attempt, then logs it in its own run.
+    """Measures an attempt, then logs it in its own run (with `tags` on top of its own).
 
     Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
     error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
@@ -263,6 +265,7 @@ def run_attempt(
         result.error = f"{type(e).__name__}: {e}"
         record.status, record.error = "FAILED", result.error
         record.traceback = "".join(traceback.format_exception(e))
+    record.tags.update(tags or {})
     _log_or_keep(record, result)
     return result
 

@@ -36,7 +36,9 @@ def session_kwargs(args: argparse.Namespace) -> dict[str, int]:
 
 
 def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    """Per-step progress lines from the tracker; only warnings from the libraries it drives."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("tracker").setLevel(logging.INFO)
 
 
 # MLflow passes every MLproject parameter as a string and does not validate its type.
