@@ -1,0 +1,49 @@
+"""fp16: ORT's basic optimizations and fusions, then weights and compute in float16 (inputs/outputs stay fp32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tracker.optimizations.base import (
+    ModelInfo,
+    Transformed,
+    needs_external_data,
+    ort_fused_counts,
+    prepare_output,
+)
+from tracker.optimizations.ort_optimizer import (
+    BASIC_OPT_LEVEL,
+    optimizer_params,
+    run_ort_optimizer,
+    unfused_notes,
+)
+
+
+def ort_opt_fp16(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+    """`ort_opt_basic`, then `OnnxModel.convert_float_to_float16(keep_io_types=True)`.
+
+    `keep_io_types` adds a Cast after each float input and before each float output, so the feeds
+    and the logits' dtype are those of the fp32 model and the two can be compared directly.
+    """
+    target = prepare_output(source, target_dir, "ort_opt_fp16")
+    optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
+    fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
+    fully = bool(optimized.is_fully_optimized(fusions))
+    # Symbolic shape inference (the default) types the com.microsoft ops the fusions just added;
+    # ONNX's own shape inference does not know them.
+    optimized.convert_float_to_float16(use_symbolic_shape_infer=True, keep_io_types=True)
+    optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
+    notes = (
+        "fp16 weights and compute after ORT opt_level 1; inputs and outputs kept fp32 (keep_io_types)",
+        "the CPU provider has few fp16 kernels: ORT inserts Casts around the others at session time",
+        *unfused_notes(fusions),
+    )
+    return Transformed(
+        path=target,
+        applied=True,
+        fusions=fusions,
+        fully_optimized=fully,
+        precision="fp16",
+        notes=notes,
+        params={**optimizer_params(info, BASIC_OPT_LEVEL), "fp16.keep_io_types": "true"},
+    )

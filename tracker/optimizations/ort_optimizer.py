@@ -1,0 +1,102 @@
+"""ONNX Runtime's transformer optimizer (`onnxruntime.transformers.optimizer.optimize_model`) at two levels."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from tracker.optimizations.base import (
+    ModelInfo,
+    Transformed,
+    needs_external_data,
+    ort_fused_counts,
+    prepare_output,
+)
+
+logger = logging.getLogger(__name__)
+
+BASIC_OPT_LEVEL = 1
+# Level 2 (ORT_ENABLE_EXTENDED) rather than 99 (ORT_ENABLE_ALL): 99 only adds layout transforms (NCHWc,
+# meant for Conv) that ORT itself flags as specific to the machine that saved the graph; on GPT-2 they
+# change nothing, and a file logged as an artifact should load on any CPU. The extended fusions ORT
+# saves are com.microsoft ops that the CPU (and CUDA) provider run.
+# Measured on GPT-2 (tiny and small, ORT 1.32): levels 2 and 99 save the same graph as level 1 (node names
+# aside), because at level > 1 optimize_model disables the session fusions that would differ
+# (MatMulScale, MatMulAdd, MatmulTranspose, GemmActivation, BiasSoftmax) and its Python fusions do the rest.
+EXTENDED_OPT_LEVEL = 2
+_EXTENDED_NOTE = (
+    "opt_level 2 (not 99: layout transforms are machine-specific and do nothing here); optimize_model "
+    "disables the extended fusions that differ from level 1 (MatMulAdd, MatMulScale, ...), so the graph "
+    "is expected to equal ort_opt_basic's"
+)
+
+
+def run_ort_optimizer(source: Path, info: ModelInfo, *, opt_level: int):
+    """Runs ORT's session-time optimizations at `opt_level`, then its Python fusions for `info.model_type`.
+
+    The source file is only read (ORT opens it by path, so its external data is found beside it).
+    Note: `optimize_model` imports torch when `opt_level >= 1` (to look at `torch.version`).
+
+    Returns:
+        The optimizer's `OnnxModel` (weights in memory).
+    """
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    return optimize_model(
+        str(source),
+        model_type=info.model_type,
+        num_heads=info.num_heads,
+        hidden_size=info.hidden_size,
+        opt_level=opt_level,
+    )
+
+
+def optimizer_params(info: ModelInfo, opt_level: int) -> dict[str, str]:
+    return {
+        "optimizer.tool": "onnxruntime.transformers.optimizer",
+        "optimizer.opt_level": str(opt_level),
+        "optimizer.model_type": info.model_type,
+        "optimizer.num_heads": str(info.num_heads),
+        "optimizer.hidden_size": str(info.hidden_size),
+    }
+
+
+def unfused_notes(fusions: dict[str, int]) -> tuple[str, ...]:
+    """Why ORT's optimizer does not call the result fully optimized."""
+    attention = sum(fusions.get(op, 0) for op in ("Attention", "MultiHeadAttention"))
+    if attention:
+        return ()
+    return ("attention not fused by ORT's optimizer (it does not match transformers 5.x graphs)",)
+
+
+def _ort_optimized(
+    source: Path, target_dir: Path, info: ModelInfo, *, name: str, opt_level: int, notes: tuple[str, ...] = ()
+) -> Transformed:
+    target = prepare_output(source, target_dir, name)
+    optimized = run_ort_optimizer(source, info, opt_level=opt_level)
+    fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
+    fully = bool(optimized.is_fully_optimized(fusions))
+    # GPT-2 small is ~500 MB, well under protobuf's 2 GB: one file is simpler to log and to load.
+    optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
+    logger.info("%s: %s", name, {k: v for k, v in fusions.items() if v})
+    return Transformed(
+        path=target,
+        applied=any(fusions.values()),
+        fusions=fusions,
+        fully_optimized=fully,
+        precision="fp32",
+        notes=(*notes, *unfused_notes(fusions)),
+        params=optimizer_params(info, opt_level),
+    )
+
+
+def ort_opt_basic(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+    """ORT basic graph optimizations (constant folding, redundant nodes) plus ORT's Python fusions."""
+    return _ort_optimized(source, target_dir, info, name="ort_opt_basic", opt_level=BASIC_OPT_LEVEL)
+
+
+def ort_opt_extended(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+    """ORT extended graph optimizations (CPU/CUDA fusions) plus ORT's Python fusions."""
+    return _ort_optimized(
+        source, target_dir, info, name="ort_opt_extended", opt_level=EXTENDED_OPT_LEVEL, notes=(_EXTENDED_NOTE,)
+    )
