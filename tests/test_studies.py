@@ -136,13 +136,23 @@ def test_fusion_study_has_zero_diff_for_the_fused_op_and_rejects_the_wrong_kerne
 
 
 def test_main_nests_each_study_under_the_project_run(tmp_path):
-    client = mlflow_run(tmp_path, "main")
-    runs = runs_by_name(client)
-    main = runs["main"]
-    for study in ("linreg", "fusion"):
-        assert runs[study].data.tags["mlflow.parentRunId"] == main.info.run_id
-    assert len(runs) == 1 + 2 + 3 + 5
-    assert all(r.info.status == "FINISHED" for r in runs.values())
+    tiny_gpt2 = ["-P", "size=tiny", "-P", "seq_lens=8", "-P", "headline_seq=8", "-P", "attempts=ort_opt_basic"]
+    client = mlflow_run(tmp_path, "main", *tiny_gpt2)
+    experiment = client.get_experiment_by_name("studies")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    by_id = {r.info.run_id: r for r in runs}
+    main = next(r for r in runs if r.info.run_name == "main")
+    studies = {r.info.run_name: r for r in runs if r.data.tags.get("mlflow.parentRunId") == main.info.run_id}
+    assert set(studies) == {"linreg", "fusion", "gpt2"}
+    children = {name: sorted(r.info.run_name for r in runs if r.data.tags.get("mlflow.parentRunId") == s.info.run_id)
+                for name, s in studies.items()}
+    assert children == {
+        "linreg": ["baseline", "ort_opt_disabled", "ort_opt_enabled"],
+        "fusion": ["ort_baseline", "ort_fused", "reference_baseline", "reference_fused", "reference_fused_wrong"],
+        "gpt2": ["baseline", "ort_opt_basic"],
+    }
+    assert len(by_id) == 1 + 3 + 3 + 5 + 2
+    assert all(r.info.status == "FINISHED" for r in runs)
 
 
 def test_a_bad_mlproject_parameter_fails_with_a_message_naming_it(tmp_path):

@@ -14,7 +14,7 @@ from tracker.attempt import AttemptResult, diff_against
 
 logger = logging.getLogger(__name__)
 
-VIEWS = ("op", "node", "provider")
+VIEWS = ("op", "node", "provider", "layer")
 
 
 @dataclass
@@ -71,6 +71,9 @@ def _write_charts(result: AttemptResult, out: AttemptArtifacts, *, skip_runs: in
     name = result.attempt.name
     figures = charts.op_views(out.tables["ops_by_op"], title=f"{name}: per op type", top=top)
     figures.append(charts.treemap(result.events, title=f"{name}: op type / node", skip_runs=skip_runs))
+    if len(out.tables["ops_by_layer"]) > 1:  # only models whose node names carry their block
+        by_layer = out.tables["ops_by_layer"].sort_values("key", ignore_index=True)
+        figures.append(charts.op_views(by_layer, title=f"{name}: per transformer block", top=len(by_layer))[0])
     if "op_diff" in out.tables:
         figures.append(
             charts.comparison_chart(out.tables["op_diff"], title=f"{name} vs baseline: µs per run", top=top)
