@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from tracker.environment import fingerprint
 from tracker.model_io import ort_can_load
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.speedup import Speedup, verdict
+from tracker.steps import StepTimes
 from tracker.keys import metric_keys
 
 logger = logging.getLogger(__name__)
@@ -69,6 +71,7 @@ class Study:
         log_models: bool = True,
         workdir: str | Path | None = None,
         latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
+        steps: StepTimes | None = None,
     ) -> None:
         self.name = name
         self.feeds = dict(feeds)
@@ -85,6 +88,9 @@ class Study:
         self._baselines = _Baselines()
         self.results: list[AttemptResult] = []
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
+        # Work done for the study before it started (e.g. an export) can be timed into `steps`.
+        self.steps = steps or StepTimes()
+        self._started = time.perf_counter() - sum(self.steps.seconds.values())
         self._run_cm = None
 
     def __enter__(self) -> Study:
@@ -145,6 +151,14 @@ class Study:
             return max(better, key=lambda r: r.speedup.speedup)
         return next((r for r in self.results if r.verdict == "baseline"), None)
 
+    def step_totals(self) -> tuple[StepTimes, float]:
+        """Seconds per step over the study and its attempts, and the study's wall time so far."""
+        totals = StepTimes()
+        totals.add(self.steps)
+        for result in self.results:
+            totals.add(result.steps)
+        return totals, time.perf_counter() - self._started
+
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
@@ -152,8 +166,10 @@ class Study:
                 rows += [{"attempt": n, "status": "failed", "error": e} for n, e in self.failures.items()]
                 failed = sum(not r.ok for r in self.results) + len(self.failures)
                 best = self.best
-                summary = {"rows": rows, "metrics": {"study.attempts": len(rows), "study.failed": failed},
-                           "best": best.attempt.name if best else None}
+                totals, wall = self.step_totals()
+                logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
+                metrics = {"study.attempts": len(rows), "study.failed": failed, **totals.metrics(wall)}
+                summary = {"rows": rows, "metrics": metrics, "best": best.attempt.name if best else None}
                 try:
                     mlflow_log.ensure_reachable()
                     mlflow_log.log_study_summary(**summary)
@@ -258,7 +274,10 @@ def run_attempt(
         # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
         reference = same_runtime or result
         result.verdict = "baseline" if reference is result else verdict(result.speedup, accuracy_passed=result.diff.passed)
-        artifacts = write_attempt_artifacts(result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs)
+        with result.steps.step("artifacts"):
+            artifacts = write_attempt_artifacts(
+                result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs
+            )
         _fill_record(record, result, artifacts, config, reference, workdir, log_model=log_model)
     except Exception as e:
         logger.error("attempt %s failed: %s: %s", attempt.name, type(e).__name__, e)
@@ -275,7 +294,7 @@ def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:
         mlflow_log.ensure_reachable()
         with mlflow_log.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
             record.run_id = result.run_id = run.info.run_id
-            mlflow_log.log_record(record)
+            mlflow_log.log_record(record, steps=result.steps)
     except Exception as e:
         result.outbox = save_record(record)
         logger.error(

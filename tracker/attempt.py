@@ -23,6 +23,7 @@ from tracker.output_diff import FP32, OutputDiff, Tolerance
 from tracker.lm_diff import LogitsDiff, LogitsTolerance
 from tracker.profile_parse import Profile, parse_profile
 from tracker.speedup import Speedup, estimate_speedup, time_interleaved
+from tracker.steps import StepTimes
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class AttemptResult:
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
     verdict: str | None = None  # "baseline", or one of tracker.speedup.VERDICTS
+    steps: StepTimes = field(default_factory=StepTimes)
     extra_metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     run_id: str | None = None
@@ -196,32 +198,42 @@ def measure_attempt(
         check_feeds(model, extra)
     workdir = Path(workdir)
     result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes()))
+    steps = result.steps
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
-    run = _runner(attempt, model)
-    result.outputs = run(feeds)
-    result.latency = time_runs(lambda: run(feeds), config.timing)
-    for label, extra in latency_feeds.items():
-        logger.info("attempt %s: timing %s", attempt.name, label)
-        run(extra)
-        result.latencies[label] = time_runs(lambda: run(extra), config.timing)
+    with steps.step("session"):
+        run = _runner(attempt, model)
+    with steps.step("latency"):
+        result.outputs = run(feeds)
+        result.latency = time_runs(lambda: run(feeds), config.timing)
+        for label, extra in latency_feeds.items():
+            logger.info("attempt %s: timing %s", attempt.name, label)
+            run(extra)
+            result.latencies[label] = time_runs(lambda: run(extra), config.timing)
     if reference is not None:
         logger.info("attempt %s: timing interleaved with %s", attempt.name, reference.name)
-        run_reference = _runner(reference, reference.load(external_data=reference.runtime == "reference"))
-        # a bootstrap interval needs a few pairs, whatever the latency loop was told
-        timing = dataclasses.replace(config.timing, min_runs=max(config.timing.min_runs, MIN_PAIRS))
-        pairs = time_interleaved(lambda: run_reference(feeds), lambda: run(feeds), timing)
-        result.speedup = estimate_speedup(*pairs)
+        with steps.step("session"):
+            run_reference = _runner(reference, reference.load(external_data=reference.runtime == "reference"))
+        with steps.step("speedup"):
+            # a bootstrap interval needs a few pairs, whatever the latency loop was told
+            timing = dataclasses.replace(config.timing, min_runs=max(config.timing.min_runs, MIN_PAIRS))
+            pairs = time_interleaved(lambda: run_reference(feeds), lambda: run(feeds), timing)
+            result.speedup = estimate_speedup(*pairs)
         del run_reference
     del run
     logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
     if attempt.runtime == "onnxruntime":
-        profiled = profile_ort(attempt.model, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir)
+        with steps.step("profiling"):
+            profiled = profile_ort(
+                attempt.model, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir
+            )
         result.profile_path = profiled.profile_path
         result.optimized_model_path = profiled.optimized_model_path
         result.profiled_latency = profiled.latency
-        result.profile = parse_profile(profiled.profile_path)
+        with steps.step("parsing"):
+            result.profile = parse_profile(profiled.profile_path)
     else:
-        result.profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
+        with steps.step("profiling"):
+            result.profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
         result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
         for level in config.trace_levels:
             result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)

@@ -8,10 +8,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracker import mlflow_log
 from tracker.api import Study
 from tracker.attempt import MeasureConfig
 from tracker.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.ort_runtime import SessionConfig
+from tracker.steps import StepTimes
 
 logger = logging.getLogger(__name__)
 
@@ -79,17 +81,22 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
     from tracker.gpt2.tokens import feeds_for, make_tokens
     from tracker.optimizations import REGISTRY, ModelInfo
 
+    mlflow_log.setup_tracking()  # an unreachable server is an error now, not after the export
+    steps = StepTimes()
     with tempfile.TemporaryDirectory(prefix="tracker-gpt2-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         logger.info("gpt2: loading the model (%s)", config.model or config.config_path or config.size)
-        loaded = load_gpt2(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
+        with steps.step("load"):
+            loaded = load_gpt2(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
         logger.info("gpt2: exporting with the %s exporter", config.exporter)
-        exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
+        with steps.step("export"):
+            exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
         tokens = {n: make_tokens(batch=config.batch, seq_len=n, vocab_size=loaded.vocab_size, seed=config.seed)
                   for n in config.seq_lens}
         logger.info("gpt2: checking ONNX Runtime against PyTorch at seq %d", config.headline_seq)
-        check = verify_export(loaded, exported.path, tokens[config.headline_seq])
+        with steps.step("export"):
+            check = verify_export(loaded, exported.path, tokens[config.headline_seq])
         feeds = {n: feeds_for(t, exported.input_names) for n, t in tokens.items()}
         info = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size)
         weights = "pretrained" if loaded.pretrained else "random (seeded), not pretrained"
@@ -101,6 +108,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             "headline_seq": str(config.headline_seq),
             "batch": str(config.batch),
         }
+        del loaded  # the PyTorch weights (~0.5 GB for gpt2-small) are not needed while measuring
         with Study(
             "gpt2",
             feeds=feeds[config.headline_seq],
@@ -110,6 +118,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             params=params,
             tags={WEIGHTS_TAG: weights},
             workdir=work / "measure",
+            steps=steps,
         ) as study:
             study.attempt(
                 "baseline",
@@ -133,7 +142,8 @@ def _run_attempt(study: Study, name: str, transform, source: Path, target: Path,
     logger.info("gpt2: optimizing %s", name)
     start = time.perf_counter()
     try:
-        transformed = transform(source, target, info)
+        with study.steps.step("optimize"):
+            transformed = transform(source, target, info)
     except Exception as e:  # any optimizer failure is a result of the study, logged on its own run
         study.record_failure(name, e)
         return
