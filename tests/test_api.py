@@ -22,6 +22,7 @@ def store(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     # MLflow keeps the active experiment id of the previous test's store in a module global.
     monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
     mlflow.set_tracking_uri(uri)  # code under test sets it too; a test's own runs must go there as well
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():

@@ -14,6 +14,7 @@ def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
     path = tmp_path / "linear.onnx"
     onnx.save(make_linear_model(n_features=16), str(path))
     code = main(["profile", str(path), "--dim", "N=3", "--runs", "4", "--min-seconds", "0",

@@ -69,6 +69,7 @@ def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export,
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
     corrupted = onnx.load(str(tiny_export.path))
     largest = max(corrupted.graph.initializer, key=lambda t: np.prod(t.dims))
     weights = onnx.numpy_helper.to_array(largest)

@@ -32,6 +32,7 @@ def test_attempts_measured_after_the_server_died_are_kept_and_uploaded_later(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
     model = make_linear_model(n_features=8)
     feeds = {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
     caplog.set_level(logging.ERROR, logger="tracker")

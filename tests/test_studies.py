@@ -30,7 +30,12 @@ COMMON_METRICS = {
 
 
 def with_venv(env: dict[str, str]) -> dict[str, str]:
-    """`mlflow run --env-manager local` runs `python ...`: make it this interpreter, activated or not."""
+    """`mlflow run --env-manager local` runs `python ...`: make it this interpreter, activated or not.
+
+    An experiment chosen by an earlier in-process test (mlflow.set_experiment exports it) must not
+    leak into `mlflow run --experiment-name`, which refuses both.
+    """
+    env = {k: v for k, v in env.items() if k not in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
     return {**env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"}
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
 import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import mlflow
@@ -18,7 +19,8 @@ import pandas as pd
 
 from tracker import columns as C
 from tracker.record import AttemptRecord
-from tracker.errors import TrackingServerError
+from tracker.steps import StepTimes
+from tracker.errors import TrackerError, TrackingServerError
 from tracker.keys import metric_keys, sanitize_key
 from tracker.settings import resolve_tracking_uri
 
@@ -45,6 +47,8 @@ def setup_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> str:
     uri = uri or resolve_tracking_uri()
     if uri.startswith(("http://", "https://")):
         _check_server(uri, timeout_s)
+    elif uri.startswith("sqlite:///"):
+        _create_sqlite_tables(uri)
     mlflow.set_tracking_uri(uri)
     return uri
 
@@ -61,15 +65,46 @@ def ensure_reachable(*, timeout_s: float = 5.0) -> None:
 
 
 def _check_server(uri: str, timeout_s: float) -> None:
-    health = uri.rstrip("/") + "/health"
+    import base64
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    # urllib does not take credentials from the URL (it would resolve "user:pw@host" as a host name);
+    # MLflow's client sends them as basic auth, so the check does too.
+    parts = urlsplit(uri)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    netloc += f":{parts.port}" if parts.port else ""
+    request = urllib.request.Request(urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
+    if parts.username is not None:
+        token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(health, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             response.read()
     except (urllib.error.URLError, OSError) as e:
         shown = redact(uri)
         raise TrackingServerError(
             f"MLflow tracking server {shown} is unreachable ({e}); start it or fix MLFLOW_TRACKING_URI"
         ) from None
+
+
+def _create_sqlite_tables(uri: str) -> None:
+    """Creates a new sqlite store's tables while holding a file lock.
+
+    MLflow creates them unlocked on first use: two processes that start on the same new file race, and
+    one fails with "table ... already exists". Once they exist, concurrent runs are fine.
+    """
+    import fcntl
+    import hashlib
+    import tempfile
+
+    path = uri[len("sqlite:///"):].split("?")[0]
+    if not path or path == ":memory:":
+        return
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"tracker-sqlite-init-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        mlflow.MlflowClient(uri).search_experiments(max_results=1)  # builds the store: tables, migrations
 
 
 def redact(uri: str) -> str:
@@ -86,7 +121,10 @@ def redact(uri: str) -> str:
 def set_experiment(name: str) -> None:
     """Makes `name` the active experiment, unless `mlflow run` already chose one for this process."""
     if not os.environ.get("MLFLOW_RUN_ID"):
-        mlflow.set_experiment(name)
+        experiment = mlflow.set_experiment(name)
+        # When another process creates the experiment a moment before, MLflow (3.17) returns it without
+        # making it active, and this process's runs would land in "Default": activate it by id.
+        mlflow.set_experiment(experiment_id=experiment.experiment_id)
 
 
 @contextlib.contextmanager
@@ -161,8 +199,19 @@ def log_failure(error: BaseException | str, traceback_text: str | None = None) -
     mlflow.log_text(traceback_text or error, "error.txt")
 
 
-def log_record(record: AttemptRecord) -> None:
-    """Logs everything an attempt record holds on the active run."""
+def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> None:
+    """Logs everything an attempt record holds on the active run (timed into `steps` if given)."""
+    steps = steps or StepTimes()
+    with steps.step("mlflow_logging"):
+        _log_record_data(record)
+    if record.model_path:
+        with steps.step("model_logging"):
+            _log_model_file(Path(record.model_path), flavor=record.model_flavor)
+    if record.status == "FAILED":
+        log_failure(record.error or "failed", record.traceback)
+
+
+def _log_record_data(record: AttemptRecord) -> None:
     if record.params:
         mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
     if record.metrics:
@@ -176,10 +225,6 @@ def log_record(record: AttemptRecord) -> None:
             mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
     for path, folder in record.files.items():
         mlflow.log_artifact(path, folder)
-    if record.model_path:
-        _log_model_file(Path(record.model_path), flavor=record.model_flavor)
-    if record.status == "FAILED":
-        log_failure(record.error or "failed", record.traceback)
 
 
 def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
@@ -321,3 +366,145 @@ def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, fl
         mlflow.log_table(_json_safe(table), artifact_file="study/attempts.json")
         mlflow.log_text(table.to_csv(index=False), "study/attempts.csv")
     mlflow.log_metrics(_clean_metrics(metrics))
+
+
+# --- Reading studies back, and the study report (used by `tracker compare` and `Study`) ---
+
+ATTEMPT_TABLES = ("ops_by_op", "graph_diff")  # per-attempt tables the study report shows
+
+
+@dataclasses.dataclass(frozen=True)
+class FetchedRun:
+    """What `tracker compare` needs of one run, without MLflow types.
+
+    Attributes:
+        run_id, name, experiment_id: the run's identity.
+        status: MLflow's run status ("FINISHED", "FAILED", "RUNNING", "KILLED", ...).
+        start_time_ms: when the run started.
+        metrics, tags: the run's latest metric values and its tags.
+        tables: the run's `tables/<name>.json` tables among those asked for, by name.
+    """
+
+    run_id: str
+    name: str
+    experiment_id: str
+    status: str
+    start_time_ms: int
+    metrics: dict[str, float]
+    tags: dict[str, str]
+    tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict, repr=False)
+
+
+def find_study_run(experiment: str, study: str) -> str:
+    """The id of the latest parent run of `study` (tags `tracker.study`, `tracker.role=study`).
+
+    Raises:
+        TrackerError: the experiment or the study does not exist in the tracking store.
+    """
+    client = mlflow.MlflowClient()
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        raise TrackerError(f"no experiment named {experiment!r} in {redact(mlflow.get_tracking_uri())}")
+    runs = client.search_runs(
+        [found.experiment_id],
+        filter_string=f"tags.`{TAG_STUDY}` = '{_quote(study)}' and tags.`{TAG_ROLE}` = 'study'",
+        order_by=["attributes.start_time DESC"], max_results=1,
+    )
+    if not runs:
+        raise TrackerError(f"experiment {experiment!r} has no run of study {study!r} (tags {TAG_STUDY}={study}, "
+                           f"{TAG_ROLE}=study)")
+    return runs[0].info.run_id
+
+
+def fetch_runs(run_ids: Sequence[str], *, tables: Sequence[str] = ATTEMPT_TABLES) -> list[FetchedRun]:
+    """The runs `run_ids`, in that order, with their `tables/<name>.json` tables.
+
+    Raises:
+        TrackerError: a run does not exist.
+    """
+    client = mlflow.MlflowClient()
+    runs = []
+    for run_id in run_ids:
+        try:
+            runs.append(client.get_run(run_id))
+        except mlflow.exceptions.MlflowException as e:
+            raise TrackerError(f"no run {run_id!r} in {redact(mlflow.get_tracking_uri())}: {e.message}") from None
+    return [_fetched(client, run, tables) for run in runs]
+
+
+def fetch_study_runs(
+    study_run_id: str, *, tables: Sequence[str] = ATTEMPT_TABLES
+) -> tuple[FetchedRun, list[FetchedRun]]:
+    """A study's parent run and its attempt runs, oldest first.
+
+    Runs replaced by `tracker upload` (tag `tracker.superseded_by`) are left out.
+
+    Raises:
+        TrackerError: the run does not exist, or it has no attempt runs.
+    """
+    client = mlflow.MlflowClient()
+    (parent,) = fetch_runs([study_run_id], tables=())
+    children = client.search_runs(
+        [parent.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{_quote(study_run_id)}'",
+        order_by=["attributes.start_time ASC"], max_results=5000,
+    )
+    attempts = [r for r in children if r.data.tags.get(TAG_ROLE) == "attempt"
+                and "tracker.superseded_by" not in r.data.tags]
+    if not attempts:
+        studies = sorted(r.info.run_name for r in children if r.data.tags.get(TAG_ROLE) == "study")
+        hint = f"; its nested study runs are {studies}: pass one of them" if studies else ""
+        raise TrackerError(f"run {study_run_id} ({parent.name}) has no attempt runs{hint}")
+    return parent, [_fetched(client, r, tables) for r in attempts]
+
+
+def log_study_report(html: str | Path, tables: Mapping[str, pd.DataFrame]) -> None:
+    """Logs the study report on the active (study) run: `report/<html file name>` and each table as
+    `report/<name>.json` with `mlflow.log_table`, so the UI's table view shows them."""
+    mlflow.log_artifact(str(html), "report")
+    for name, table in tables.items():
+        if not table.empty:  # an empty table (no graph change) has nothing to show in the UI
+            mlflow.log_table(_json_safe(table), artifact_file=f"report/{name}.json")
+
+
+def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
+    found = {}
+    if tables:
+        present = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "tables")}
+        wanted = [name for name in tables if f"{name}.json" in present]
+        if wanted:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="tracker-fetch-") as tmp, _no_progress_bar():
+                for name in wanted:
+                    path = client.download_artifacts(run.info.run_id, f"tables/{name}.json", tmp)
+                    found[name] = _read_table(Path(path))
+    return FetchedRun(run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
+                      experiment_id=run.info.experiment_id, status=run.info.status,
+                      start_time_ms=int(run.info.start_time or 0), metrics=dict(run.data.metrics),
+                      tags=dict(run.data.tags), tables=found)
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    # log_table's JSON is pandas "split" orient; read it by hand so keys like "12" stay strings
+    content = json.loads(path.read_text(encoding="utf-8"))
+    return pd.DataFrame(content["data"], columns=content["columns"])
+
+
+@contextlib.contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    # MLflow draws a progress bar per download on stderr; a CLI printing a table wants none
+    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as flag
+
+    before = os.environ.get(flag.name)
+    os.environ[flag.name] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(flag.name, None)
+        else:
+            os.environ[flag.name] = before
+
+
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")

@@ -1,0 +1,136 @@
+"""`mlflow server` on 127.0.0.1 (started, stopped, killed), and the PostgreSQL-backed pair of both."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tracker.server.common import HOST, LocalServerError, free_port, health_ok
+from tracker.server.postgres import LocalPostgres
+
+logger = logging.getLogger(__name__)
+
+
+class LocalMlflowServer:
+    """`mlflow server` on 127.0.0.1 with one worker, serving its artifacts from `artifacts_folder`.
+
+    Its own process group, so that `kill()` can take the whole server down at once, as a crash would.
+    """
+
+    def __init__(
+        self, backend_store_uri: str, artifacts_folder: str | Path, *, port: int | None = None,
+        log_path: str | Path | None = None, env: dict[str, str] | None = None,
+    ) -> None:
+        self.backend_store_uri = backend_store_uri
+        self.artifacts_folder = Path(artifacts_folder).resolve()
+        self.port = port or free_port()
+        self.log_path = Path(log_path) if log_path else self.artifacts_folder.parent / "mlflow-server.log"
+        self._env = dict(env or {})
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, *, timeout_s: float = 180) -> None:
+        """Starts the server (again, on the same port, after `stop` or `kill`) and waits for /health."""
+        if self.running:
+            return
+        self.artifacts_folder.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", self.backend_store_uri,
+               "--artifacts-destination", str(self.artifacts_folder), "--host", HOST, "--port", str(self.port),
+               "--workers", "1"]
+        # The GenAI job runner (six extra processes) is of no use to a tracking-only server.
+        env = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ, **self._env}
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=env, start_new_session=True)
+        self._wait_healthy(timeout_s)
+        logger.info("MLflow server at %s (log %s)", self.uri, self.log_path)
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise LocalServerError(f"mlflow server exited ({self._proc.returncode}):\n{self._log_tail()}")
+            if health_ok(self.uri):
+                return
+            time.sleep(0.25)
+        self.kill()
+        raise LocalServerError(f"mlflow server did not answer {self.uri}/health within {timeout_s:.0f} s:\n"
+                               f"{self._log_tail()}")
+
+    def _log_tail(self, lines: int = 25) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, *, timeout_s: float = 30) -> None:
+        """Graceful stop: SIGTERM (mlflow forwards it to its workers), then SIGKILL past `timeout_s`."""
+        if not self.running:
+            return
+        self._proc.terminate()
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self.kill()
+
+    def kill(self) -> None:
+        """Takes the server down abruptly (SIGKILL to its whole process group), as a crash would."""
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._proc.wait()
+
+
+class LocalTrackingServer:
+    """PostgreSQL + `mlflow server` under one folder: `postgres/`, `artifacts/`, `mlflow-server.log`.
+
+    Example:
+        with LocalTrackingServer(folder) as server:
+            os.environ["MLFLOW_TRACKING_URI"] = server.tracking_uri
+    """
+
+    def __init__(self, folder: str | Path, *, port: int | None = None, pg_port: int | None = None) -> None:
+        self.folder = Path(folder).resolve()
+        self.postgres = LocalPostgres(self.folder / "postgres", port=pg_port)
+        self.mlflow = LocalMlflowServer(self.postgres.backend_store_uri, self.folder / "artifacts", port=port,
+                                        log_path=self.folder / "mlflow-server.log", env=self.postgres.client_env())
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.mlflow.uri
+
+    def start(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.postgres.start()
+        try:
+            self.mlflow.start()
+        except BaseException:
+            self.postgres.stop()
+            raise
+
+    def stop(self) -> None:
+        try:
+            self.mlflow.stop()
+        finally:
+            self.postgres.stop()
+
+    def __enter__(self) -> LocalTrackingServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
