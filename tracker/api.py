@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker import mlflow_log
+from tracker import mlflow_log, report
 from tracker.artifacts import write_attempt_artifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.environment import fingerprint
@@ -151,6 +151,15 @@ class Study:
             return max(better, key=lambda r: r.speedup.speedup)
         return next((r for r in self.results if r.verdict == "baseline"), None)
 
+    def _log_report(self, best: str | None) -> None:
+        """The study report on the parent run; a report problem never costs the study its summary."""
+        try:
+            rows = report.rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
+            built = report.build_study_report(rows, self._workdir / "report", study=self.name, best=best)
+            mlflow_log.log_study_report(built.html, built.tables)
+        except Exception as e:
+            logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
+
     def step_totals(self) -> tuple[StepTimes, float]:
         """Seconds per step over the study and its attempts, and the study's wall time so far."""
         totals = StepTimes()
@@ -178,6 +187,8 @@ class Study:
                     logger.error("could not log the summary of study %s (%s: %s); it is kept in %s and its run "
                                  "stays open on the server until `tracker upload %s`",
                                  self.name, type(e).__name__, e, kept.parent, kept.parent.parent)
+                else:
+                    self._log_report(summary["best"])
         finally:
             self._run_cm.__exit__(exc_type, exc, tb)
             self._run_cm = None

@@ -1,4 +1,4 @@
-"""Command line: `tracker summarize|profile|inspect` (also `python -m tracker`)."""
+"""Command line: `tracker summarize|profile|inspect|upload|compare` (also `python -m tracker`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from tracker.errors import TrackerError
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if getattr(args, "progress", True) else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if getattr(args, "progress", True):
+        logging.getLogger("tracker").setLevel(logging.INFO)
     try:
         return args.func(args)
     except (TrackerError, ValueError, ConnectionError) as e:
@@ -56,7 +57,53 @@ def _parser() -> argparse.ArgumentParser:
     u = sub.add_parser("upload", help="log the attempts kept locally when the tracking server was unreachable")
     u.add_argument("folder", nargs="?", default=None, help="the outbox folder (default: $TRACKER_OUTBOX or ./tracker-outbox)")
     u.set_defaults(func=_upload)
+    _add_compare_parser(sub)
     return parser
+
+
+def _add_compare_parser(sub) -> None:
+    from tracker.compare import PASS_RULE
+
+    c = sub.add_parser(
+        "compare", help="print a study's attempts side by side; exit 1 if a --require'd attempt did not pass",
+        description="Reads a study's attempt runs from the tracking store (MLFLOW_TRACKING_URI, else "
+                    "./mlflow.db), prints one row per attempt, optionally writes the HTML report, and "
+                    f"gates CI with --require. {PASS_RULE} Exit codes: 0 every required attempt passed "
+                    "(or none required), 1 one did not, 2 the runs could not be read.")
+    which = c.add_mutually_exclusive_group(required=True)
+    which.add_argument("--study-run", metavar="RUN_ID", help="the study's parent run")
+    which.add_argument("--study", metavar="NAME", help="the latest run of this study (needs --experiment)")
+    which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="attempt runs, in the order to show")
+    c.add_argument("--experiment", metavar="NAME", help="experiment of --study")
+    c.add_argument("--html", metavar="PATH", help="also write the offline HTML report there")
+    c.add_argument("--require", action="append", default=[], metavar="NAME",
+                   help="attempt that must pass (repeatable): it exists, did not crash, and its accuracy "
+                        "check passed (verdict not 'rejected'); its speed-up does not matter")
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.set_defaults(func=_compare, progress=False)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from tracker import compare, mlflow_log, report
+
+    if (args.study is None) != (args.experiment is None):
+        raise ValueError("--study and --experiment go together")
+    mlflow_log.setup_tracking()
+    comparison = compare.load_comparison(study_run_id=args.study_run, experiment=args.experiment,
+                                         study=args.study, run_ids=args.runs or ())
+    requirements = compare.check_required(comparison.rows, args.require)
+    if args.html:
+        path = report.write_report(comparison.rows, args.html, title=comparison.title, best=comparison.best)
+    if args.json:
+        print(json.dumps({**compare.to_json(comparison, requirements),
+                          "html": str(path) if args.html else None}, indent=1))
+    else:
+        print(compare.format_table(comparison))
+        for q in requirements:
+            print(f"require {q.name}: {'pass' if q.passed else 'FAIL'}: {q.reason}")
+        if args.html:
+            print(f"report written to {path}")
+    return 0 if all(q.passed for q in requirements) else 1
 
 
 def _upload(args: argparse.Namespace) -> int:

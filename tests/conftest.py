@@ -1,0 +1,33 @@
+"""Fixtures every test gets: MLflow's process-wide state is put back after each test."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+
+_MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+
+
+def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
+    """Undoes, when `mp` does, what MLflow leaves behind.
+
+    `set_tracking_uri` and `set_experiment` export MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID to
+    os.environ and keep module globals: a later test's `mlflow run --experiment-name` would refuse the
+    exported id, and its runs would land in the previous test's store.
+    """
+    for name in _MLFLOW_ENV:
+        mp.setenv(name, "")  # recorded first, so the variable is removed again at the end
+        mp.delenv(name)
+    mp.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    utils = mlflow.tracking._tracking_service.utils
+    mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_mlflow(monkeypatch, tmp_path):
+    isolate_mlflow(monkeypatch)
+    # A sqlite store's default artifact root is ./mlruns of the working directory: keep it in tmp_path.
+    monkeypatch.chdir(tmp_path)
+    yield
+    while mlflow.active_run():
+        mlflow.end_run()

@@ -1,0 +1,175 @@
+"""`tracker compare` against a real sqlite MLflow store: the table, the report, and the --require gate."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import mlflow
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+
+from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
+from tracker.cli import main
+from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
+
+FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+                     trace_levels=(1,))
+ATTEMPTS = ["baseline", "ort_opt_disabled", "reference_baseline", "reference_fused_wrong", "broken"]
+
+
+def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
+    """Undoes, when `mp` does, what MLflow leaves behind: `set_tracking_uri` and `set_experiment` export
+    MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID to os.environ and keep globals; a later test's
+    `mlflow run --experiment-name` would refuse the exported id."""
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):
+        mp.setenv(name, "")  # recorded first, so the variable is removed again at the end
+        mp.delenv(name)
+    mp.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    utils = mlflow.tracking._tracking_service.utils
+    mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
+
+
+@dataclass(frozen=True)
+class Store:
+    uri: str
+    study_run_id: str
+    run_ids: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Store:
+    """A study "cmp" in experiment "compare": two ORT attempts, a reference-runtime baseline, a fusion
+    with a wrong kernel that its exact check rejects, and an attempt whose model file is garbage."""
+    folder = tmp_path_factory.mktemp("compare-store")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    MlflowClient(uri).create_experiment("compare", artifact_location=str(folder / "artifacts"))
+    model = make_linear_model(n_features=8)
+    garbage = folder / "garbage.onnx"
+    garbage.write_bytes(b"not a protobuf \x00\xff" * 10)
+    feeds = {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+    with pytest.MonkeyPatch.context() as mp:
+        isolate_mlflow(mp)
+        with Study("cmp", feeds=feeds, experiment="compare", config=FAST, tracking_uri=uri, log_models=False) as s:
+            s.attempt("baseline", model)
+            s.attempt("ort_opt_disabled", model, session=SessionConfig(graph_optimization_level="disable"))
+            s.attempt("reference_baseline", model, runtime="reference", tolerance=EXACT)
+            s.attempt("reference_fused_wrong", fuse_add_eyelike(model).model, runtime="reference",
+                      new_ops=(WRONG_ADD_EYELIKE,), tolerance=EXACT)
+            s.attempt("broken", garbage)
+    return Store(uri, s.run.info.run_id, {r.attempt.name: r.run_id for r in s.results})
+
+
+@pytest.fixture
+def tracking(store, monkeypatch) -> Store:
+    isolate_mlflow(monkeypatch)  # the command points MLflow at the store
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    return store
+
+
+def compare(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["compare", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compare_prints_one_row_per_attempt_and_stars_the_best(tracking, capsys):
+    code, out, _ = compare(capsys, "--experiment", "compare", "--study", "cmp")
+    assert code == 0
+    header, *lines = out.splitlines()
+    assert header.startswith(f"Study cmp (run {tracking.study_run_id}): 5 attempts, best: ")
+    assert "verdict" in lines[0] and "speedup" in lines[0] and "interval" in lines[0]
+    rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line for line in lines[1:]}
+    assert list(rows) == ATTEMPTS
+    assert "rejected" in rows["reference_fused_wrong"] and "FAILED" in rows["reference_fused_wrong"]
+    assert "failed: ModelError" in rows["broken"]
+    assert sum(line.startswith("*") for line in lines) == 1
+
+
+@pytest.mark.parametrize(
+    ("required", "code", "reason"),
+    [
+        (["baseline"], 0, "passed (verdict baseline)"),
+        (["ort_opt_disabled"], 0, "passed (verdict "),  # slower or inconclusive still passes
+        (["baseline", "reference_fused_wrong"], 1, "was rejected: its accuracy check failed"),
+        (["broken"], 1, "broken failed: ModelError"),
+        (["no_such_attempt"], 1, "no attempt named 'no_such_attempt'"),
+    ],
+    ids=["baseline-passes", "a-slower-attempt-passes", "rejected-fails", "crashed-fails", "missing-fails"],
+)
+def test_require_sets_the_exit_code(tracking, capsys, required, code, reason):
+    args = [a for name in required for a in ("--require", name)]
+    got, out, _ = compare(capsys, "--study-run", tracking.study_run_id, *args)
+    assert got == code
+    assert reason in out
+    assert ("FAIL:" in out) == (code == 1)
+
+
+def test_json_output_holds_the_attempts_and_each_requirement(tracking, capsys):
+    code, out, _ = compare(capsys, "--study-run", tracking.study_run_id, "--json", "--require", "baseline",
+                           "--require", "reference_fused_wrong")
+    assert code == 1
+    data = json.loads(out)
+    assert [a["attempt"] for a in data["attempts"]] == ATTEMPTS
+    by_name = {a["attempt"]: a for a in data["attempts"]}
+    assert by_name["reference_fused_wrong"]["verdict"] == "rejected"
+    assert by_name["baseline"]["speedup"] == 1.0 and by_name["baseline"]["node_count"] == 4
+    assert by_name["broken"]["status"] == "failed" and by_name["broken"]["p50_ms"] is None
+    assert [(q["name"], q["passed"]) for q in data["require"]] == [("baseline", True), ("reference_fused_wrong", False)]
+    assert data["passed"] is False and data["study_run_id"] == tracking.study_run_id
+
+
+def test_html_report_from_the_store_shows_every_attempt_offline(tracking, capsys, tmp_path):
+    path = tmp_path / "out" / "report.html"
+    code, out, _ = compare(capsys, "--experiment", "compare", "--study", "cmp", "--html", str(path))
+    assert code == 0 and f"report written to {path}" in out
+    page = path.read_text(encoding="utf-8")
+    assert '<script src="http' not in page
+    for name in ATTEMPTS:
+        assert name in page
+    # the per-op and graph tables come from each run's logged tables/ops_by_op.json and graph_diff.json
+    assert "Time per op type" in page and "tracker.fusions:AddEyeLike" in page
+
+
+def test_runs_compares_the_given_attempt_runs_in_the_given_order(tracking, capsys):
+    ids = [tracking.run_ids["ort_opt_disabled"], tracking.run_ids["baseline"]]
+    code, out, _ = compare(capsys, "--runs", *ids, "--require", "baseline")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].startswith("Study cmp: 2 attempts")
+    assert [line.lstrip("* ").split()[0] for line in lines[2:4]] == ["ort_opt_disabled", "baseline"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--experiment", "compare", "--study", "nope"], "has no run of study 'nope'"),
+        (["--experiment", "nope", "--study", "cmp"], "no experiment named 'nope'"),
+        (["--runs", "0123456789abcdef"], "no run '0123456789abcdef'"),
+        (["--study", "cmp"], "--study and --experiment go together"),
+    ],
+    ids=["unknown-study", "unknown-experiment", "unknown-run", "study-without-experiment"],
+)
+def test_runs_that_cannot_be_read_exit_2_with_a_message(tracking, capsys, args, message):
+    code, _, err = compare(capsys, *args)
+    assert code == 2
+    assert message in err
+
+
+def test_a_run_without_attempts_names_its_nested_studies(tracking, capsys, tmp_path):
+    client = MlflowClient(tracking.uri)
+    experiment = client.get_experiment_by_name("compare").experiment_id
+    project = client.create_run(experiment, run_name="main")
+    client.create_run(experiment, run_name="linreg", tags={"mlflow.parentRunId": project.info.run_id,
+                                                            "tracker.role": "study"})
+    code, _, err = compare(capsys, "--study-run", project.info.run_id)
+    assert code == 2
+    assert "no attempt runs" in err and "['linreg']" in err
+
+
+def test_help_says_what_passing_means(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "its accuracy check passed" in text and "'worse' and 'inconclusive' attempts pass" in text

@@ -1,0 +1,194 @@
+"""`tracker compare`: a study's attempts read back from MLflow, as a table, a report and a CI gate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
+    from tracker.mlflow_log import FetchedRun
+    from tracker.report import AttemptRow
+
+NO_BEST = "none passed"  # what `Study` tags the parent run with when no attempt qualifies
+PASS_RULE = (
+    "An attempt passes when a run of that name is among the compared runs, it did not crash (run "
+    "FINISHED, tracker.status not 'failed') and its accuracy check passed (diff.passed = 1, verdict not "
+    "'rejected'). Its speed does not matter: 'worse' and 'inconclusive' attempts pass."
+)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Attempts to compare: from one study's parent run, or from any list of runs."""
+
+    title: str
+    rows: list[AttemptRow]
+    best: str | None
+    study_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Whether a required attempt passed (see `PASS_RULE`), and why not."""
+
+    name: str
+    passed: bool
+    reason: str
+
+
+def load_comparison(
+    *,
+    study_run_id: str | None = None,
+    experiment: str | None = None,
+    study: str | None = None,
+    run_ids: Sequence[str] = (),
+) -> Comparison:
+    """Reads the attempts from the active tracking store (call `mlflow_log.setup_tracking` first).
+
+    Give exactly one of: `study_run_id`; `experiment` and `study` (the study's latest parent run);
+    `run_ids` (attempt runs, in the order to show them).
+
+    Raises:
+        ValueError: not exactly one way of choosing the runs was given.
+        TrackerError: the runs do not exist.
+    """
+    from tracker import mlflow_log, report
+
+    ways = [study_run_id is not None, experiment is not None or study is not None, bool(run_ids)]
+    if sum(ways) != 1 or (ways[1] and (experiment is None or study is None)):
+        raise ValueError("give a study run id, or an experiment and a study name, or a list of run ids")
+    if run_ids:
+        runs = mlflow_log.fetch_runs(run_ids)
+        rows = [row_from_run(run) for run in runs]
+        studies = {r.tags.get(mlflow_log.TAG_STUDY) for r in runs}
+        title = f"Study {studies.pop()}" if len(studies) == 1 and None not in studies else "Selected runs"
+        return Comparison(title, rows, report.pick_best(rows))
+    if study_run_id is None:
+        study_run_id = mlflow_log.find_study_run(experiment, study)
+    parent, attempts = mlflow_log.fetch_study_runs(study_run_id)
+    rows = [row_from_run(run) for run in attempts]
+    best = parent.tags.get(mlflow_log.TAG_BEST)
+    best = report.pick_best(rows) if best is None else (None if best == NO_BEST else best)
+    name = parent.tags.get(mlflow_log.TAG_STUDY, parent.name)
+    return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id)
+
+
+def row_from_run(run: FetchedRun) -> AttemptRow:
+    """The report row of an attempt run."""
+    from tracker import mlflow_log
+    from tracker.report import AttemptRow
+
+    tags, metrics = run.tags, run.metrics
+    crashed = run.status != "FINISHED" or tags.get(mlflow_log.TAG_STATUS) == "failed"
+    error = tags.get(mlflow_log.TAG_ERROR) or (f"run {run.status}" if crashed else None)
+    passed = metrics.get("diff.passed")
+    status = "failed" if crashed else tags.get(mlflow_log.TAG_STATUS) or ("diff_failed" if passed == 0 else "ok")
+    verdict = None if crashed else tags.get(mlflow_log.TAG_VERDICT) or ("rejected" if passed == 0 else None)
+    return AttemptRow(
+        attempt=tags.get(mlflow_log.TAG_ATTEMPT, run.name),
+        runtime=tags.get(mlflow_log.TAG_RUNTIME),
+        status=status,
+        verdict=verdict,
+        p50_ms=metrics.get("latency.p50_ms"),
+        speedup=metrics.get("latency.speedup"),
+        speedup_ci_low=metrics.get("latency.speedup_ci_low"),
+        speedup_ci_high=metrics.get("latency.speedup_ci_high"),
+        diff_passed=None if passed is None else bool(passed),
+        diff_max_abs=metrics.get("diff.max_abs"),
+        top1_agreement=metrics.get("diff.top1_agreement"),
+        size_bytes=_int(metrics.get("model.size_bytes")),
+        node_count=_int(metrics.get("graph.node_count")),
+        error=error,
+        run_id=run.run_id,
+        ops_by_op=run.tables.get("ops_by_op"),
+        graph_diff=run.tables.get("graph_diff"),
+    )
+
+
+def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Requirement]:
+    """One `Requirement` per name (see `PASS_RULE`); every attempt of that name must pass."""
+    out = []
+    for name in names:
+        found = [r for r in rows if r.attempt == name]
+        if not found:
+            known = ", ".join(sorted({r.attempt for r in rows}))
+            out.append(Requirement(name, False, f"no attempt named {name!r} (attempts: {known})"))
+            continue
+        reasons = [_failure(r) for r in found]
+        bad = [r for r in reasons if r]
+        out.append(Requirement(name, not bad, "; ".join(bad) if bad else f"passed (verdict {found[0].verdict})"))
+    return out
+
+
+def format_table(comparison: Comparison) -> str:
+    """The attempts as a plain-text table; `*` marks the best attempt."""
+    from tracker import report
+
+    head = ("", "attempt", "runtime", "verdict", "p50_ms", "speedup", "interval", "accuracy", "nodes",
+            "size_bytes", "status")
+    lines = []
+    for label, r in zip(report.attempt_labels(comparison.rows), comparison.rows):
+        accuracy = "-" if r.diff_passed is None else (
+            f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g})")
+        if r.top1_agreement is not None:
+            accuracy += f" top1 {r.top1_agreement:.1%}"
+        interval = "-" if r.speedup_ci_low is None else (
+            f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}]")
+        lines.append((
+            "*" if r.attempt == comparison.best else "", label, r.runtime or "-",
+            ("failed" if r.failed else r.verdict) or "-", _fmt(r.p50_ms, ".4f"), _fmt(r.speedup, ".3f"),
+            interval, accuracy, _fmt(r.node_count, "d"), _fmt(r.size_bytes, ",d"),
+            f"failed: {r.error[:100]}" if r.failed else r.status,
+        ))
+    numeric = {"p50_ms", "speedup", "nodes", "size_bytes"}
+    widths = [max(len(str(c)) for c in column) for column in zip(head, *lines)]
+    text = [
+        "  ".join(c.rjust(w) if h in numeric else c.ljust(w) for h, c, w in zip(head, line, widths)).rstrip()
+        for line in (head, *lines)
+    ]
+    best = comparison.best or "none (no attempt passed)"
+    run = f" (run {comparison.study_run_id})" if comparison.study_run_id else ""
+    return f"{comparison.title}{run}: {len(comparison.rows)} attempts, best: {best}\n" + "\n".join(text)
+
+
+def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict[str, object]:
+    """The comparison and the requirement checks as JSON-ready data (NaN becomes None)."""
+    from tracker import report
+
+    attempts = report.attempts_table(comparison.rows, best=comparison.best)
+    return {
+        "title": comparison.title,
+        "study_run_id": comparison.study_run_id,
+        "best": comparison.best,
+        "attempts": [{k: _json_value(v) for k, v in row.items()} for row in attempts.to_dict("records")],
+        "require": [{"name": q.name, "passed": q.passed, "reason": q.reason} for q in requirements],
+        "passed": all(q.passed for q in requirements),
+    }
+
+
+def _failure(row: AttemptRow) -> str | None:
+    if row.failed:
+        return f"{row.attempt} failed: {row.error or row.status}"
+    if row.verdict == "rejected" or row.diff_passed is False:
+        return f"{row.attempt} was rejected: its accuracy check failed (max |diff| {_fmt(row.diff_max_abs, '.3g')})"
+    if row.diff_passed is None:
+        return f"{row.attempt} has no accuracy check (no diff.passed metric)"
+    return None
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None or math.isnan(value) else int(value)
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+
+def _json_value(value):
+    import pandas as pd
+
+    if pd.api.types.is_scalar(value) and pd.isna(value):  # None, NaN and pandas' NA
+        return None
+    return value.item() if hasattr(value, "item") else value

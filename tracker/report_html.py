@@ -1,0 +1,230 @@
+"""The study report as one HTML page: tables and plotly charts, verdicts colour-coded, renders offline."""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tracker.report import (
+    BEST,
+    DIFF_MAX_ABS,
+    DIFF_PASSED,
+    ERROR,
+    NODE_COUNT,
+    OP_TYPE,
+    P50_MS,
+    RUNTIME,
+    SIZE_BYTES,
+    SPEEDUP,
+    SPEEDUP_CI_HIGH,
+    SPEEDUP_CI_LOW,
+    STATUS,
+    TOP1,
+    VERDICT,
+)
+
+VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101", "inconclusive": "#878787",
+                  "rejected": "#a50026", "failed": "#222222"}
+_TOP_OPS = 12
+_OTHER = "(other)"
+
+
+def render_page(title: str, tables: Mapping[str, pd.DataFrame], labels: Sequence[str], *, best: str | None) -> str:
+    """The report page of `report.report_tables(...)`, attempts labelled `labels`, plotly.js inlined once.
+
+    Inlined rather than from a CDN: MLflow's artifact viewer may have no network access.
+    """
+    figures = [_speedup_chart(tables["attempts"], labels)]
+    if tables["ops_by_attempt"].shape[1] > 1:
+        figures.append(_ops_chart(tables["ops_by_attempt"]))
+    return _page(title, tables, labels, figures, best=best)
+
+
+def _speedup_chart(attempts: pd.DataFrame, labels: Sequence[str]):
+    import plotly.graph_objects as go
+
+    shown = attempts.assign(_label=list(labels), _verdict=attempts[VERDICT].fillna("unknown"))
+    shown = shown[shown[SPEEDUP].notna()]
+    fig = go.Figure()
+    for verdict_, group in shown.groupby("_verdict", sort=False):
+        speedup = group[SPEEDUP].astype(float).to_numpy()
+        low = group[SPEEDUP_CI_LOW].astype(float).fillna(group[SPEEDUP].astype(float)).to_numpy()
+        high = group[SPEEDUP_CI_HIGH].astype(float).fillna(group[SPEEDUP].astype(float)).to_numpy()
+        fig.add_trace(go.Scatter(
+            x=group["_label"], y=speedup, mode="markers", name=str(verdict_),
+            marker={"color": VERDICT_COLORS.get(str(verdict_), "#444444"), "size": 12},
+            error_y={"type": "data", "symmetric": False, "array": high - speedup, "arrayminus": speedup - low,
+                     "thickness": 2, "width": 8},
+            customdata=np.stack([low, high], axis=1),
+            hovertemplate=("<b>%{x}</b><br>speed-up %{y:.3f}x<br>interval %{customdata[0]:.3f} - "
+                           "%{customdata[1]:.3f}<extra>%{fullData.name}</extra>"),
+        ))
+    for _, row in shown[shown[BEST]].iterrows():
+        fig.add_annotation(x=row["_label"], y=row[SPEEDUP_CI_HIGH] if _present(row[SPEEDUP_CI_HIGH]) else row[SPEEDUP],
+                           text="&#9733; best", showarrow=True, arrowhead=0, ay=-28, font={"size": 13})
+    if shown.empty:
+        fig.add_annotation(text="no attempt was timed", x=0.5, y=0.5, xref="paper", yref="paper",
+                           showarrow=False, font_size=18)
+    fig.add_hline(y=1.0, line_dash="dash", line_color="#888888")
+    fig.update_layout(
+        title="Speed-up of the median latency over the runtime's baseline, with its confidence interval",
+        height=440, margin={"t": 60, "l": 10, "r": 10, "b": 40}, legend_title_text="verdict",
+        xaxis={"type": "category", "categoryorder": "array", "categoryarray": list(labels)},
+        yaxis={"title": "speed-up (x; above 1 is faster)", "automargin": True},
+    )
+    return fig
+
+
+def _ops_chart(ops: pd.DataFrame):
+    import plotly.graph_objects as go
+
+    labels = [c for c in ops.columns if c != OP_TYPE]
+    shown, rest = ops.iloc[:_TOP_OPS], ops.iloc[_TOP_OPS:]
+    traces = [(str(op), values) for op, values in zip(shown[OP_TYPE], shown[labels].to_numpy(dtype=float))]
+    if not rest.empty:
+        traces.append((f"{_OTHER} x{len(rest)}", rest[labels].fillna(0).to_numpy(dtype=float).sum(axis=0)))
+    fig = go.Figure([
+        go.Bar(name=name, x=labels, y=np.nan_to_num(values),
+               hovertemplate="<b>%{fullData.name}</b><br>%{x}: %{y:,.1f} µs per run<extra></extra>")
+        for name, values in traces
+    ])
+    fig.update_layout(barmode="stack", title="Profiled kernel time per run, by op type", height=480,
+                      margin={"t": 60, "l": 10, "r": 10, "b": 40}, legend_title_text="op type",
+                      xaxis={"type": "category"}, yaxis={"title": "µs per run", "automargin": True})
+    return fig
+
+
+_CSS = """
+body{font-family:system-ui,-apple-system,sans-serif;margin:1em 2em;color:#222}
+div.table{overflow-x:auto;margin:.5em 0 1.5em}table{border-collapse:collapse;font-size:13px}
+p.legend{font-size:12px;line-height:1.9}
+th,td{border-bottom:1px solid #ddd;padding:4px 10px;text-align:right;white-space:nowrap}
+th{background:#f4f4f4}th:first-child,td:first-child{text-align:left}
+tr.best td{background:#fff4c2;font-weight:600}
+td.error{white-space:normal;max-width:32em;text-align:left;color:#a50026}
+.verdict{color:#fff;border-radius:3px;padding:1px 7px;font-size:12px;font-weight:600}
+.ok{color:#1a9850}.bad{color:#a50026;font-weight:600}.muted{color:#999}
+section.figure{margin-bottom:1.5em}
+""" + "".join(f".v-{v}{{background:{c}}}\nth.v-{v}{{border-bottom:4px solid {c};background:#f4f4f4}}\n"
+              for v, c in VERDICT_COLORS.items())
+_TIMING_NOTE = ("p50 latency is the attempt's own timing loop; the speed-up and its interval come from runs "
+                "interleaved with the runtime's baseline, which cancels drift: on a noisy machine the two can "
+                "disagree, and the speed-up is the one to trust.")
+_VERDICT_MEANING = {
+    "baseline": "the runtime's reference",
+    "better": "accuracy passed, faster beyond the noise (whole interval above 1)",
+    "worse": "accuracy passed, slower beyond the noise (whole interval below 1)",
+    "inconclusive": "accuracy passed, the interval contains 1: not a win",
+    "rejected": "accuracy check failed",
+    "failed": "the attempt crashed",
+}
+
+
+def _page(title: str, tables: Mapping[str, pd.DataFrame], labels: Sequence[str], figures: Sequence,
+          *, best: str | None) -> str:
+    attempts = tables["attempts"]
+    verdicts = {label: ("failed" if s == "failed" else v or "unknown")
+                for label, v, s in zip(labels, attempts[VERDICT], attempts[STATUS])}
+    charts = [
+        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}",
+                    default_height=fig.layout.height, config={"displaylogo": False, "responsive": True})
+        for i, fig in enumerate(figures)  # plotly.js inlined once: the artifact viewer may be offline
+    ]
+    best_verdict = attempts.loc[attempts[BEST], VERDICT].iloc[0] if attempts[BEST].any() else None
+    if best is None:
+        headline = "No attempt passed: there is no baseline to ship."
+    elif best_verdict == "baseline":
+        headline = f"Best attempt: <b>{_e(best)}</b> (a baseline: no attempt was faster beyond the noise)."
+    else:
+        headline = f"Best attempt: <b>{_e(best)}</b>, the largest speed-up among the attempts that are better."
+    legend = " ".join(f'<span class="verdict v-{v}">{v}</span> {_e(m)}&nbsp;&nbsp;'
+                      for v, m in _VERDICT_MEANING.items())
+    graph = tables["graph_changes_by_attempt"]
+    parts = [
+        f"<h1>{_e(title)}</h1>", f"<p>{headline}</p>",
+        "<h2>Attempts</h2>", _attempts_html(attempts, labels),
+        f'<p class="legend">{legend}<br>{_TIMING_NOTE}</p>',
+        f'<section class="figure">{charts[0]}</section>',
+        "<h2>Time per op type (profiled µs per run)</h2>",
+        _wide_html(tables["ops_by_attempt"], verdicts, best, fmt=lambda v: f"{v:,.1f}", total=True),
+        *(f'<section class="figure">{c}</section>' for c in charts[1:]),
+        "<h2>Graph changes (nodes added or removed per op type, against the runtime's baseline)</h2>",
+        _wide_html(graph, verdicts, best, fmt=lambda v: f"{int(v):+d}" if v else "0", total=False)
+        if len(graph) else "<p>No attempt changed the graph.</p>",
+    ]
+    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(parts) + "\n</body>\n</html>\n")
+
+
+def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
+    head = ("attempt", "runtime", "verdict", "p50 latency", "speed-up [interval]", "accuracy check",
+            "nodes", "size", "status")
+    body = []
+    for label, row in zip(labels, attempts.to_dict("records")):
+        failed = row[STATUS] == "failed"
+        verdict_ = "failed" if failed else row[VERDICT]
+        badge = f'<span class="verdict v-{_e(verdict_)}">{_e(verdict_)}</span>' if verdict_ else _NA
+        speedup = (f"{row[SPEEDUP]:.3f}x [{_num(row[SPEEDUP_CI_LOW], '.3f')}, {_num(row[SPEEDUP_CI_HIGH], '.3f')}]"
+                   if _present(row[SPEEDUP]) else _NA)
+        if _present(row[DIFF_PASSED]):
+            mark = '<span class="ok">passed</span>' if row[DIFF_PASSED] else '<span class="bad">failed</span>'
+            accuracy = f"{mark}, max |diff| {_num(row[DIFF_MAX_ABS], '.2g')}"
+            if _present(row[TOP1]):
+                accuracy += f", top-1 {row[TOP1]:.1%}"
+        else:
+            accuracy = _NA
+        cells = [("&#9733; " if row[BEST] else "") + _e(label), _e(row[RUNTIME]) if _present(row[RUNTIME]) else "",
+                 badge, f"{_num(row[P50_MS], '.3f')} ms" if _present(row[P50_MS]) else _NA, speedup, accuracy,
+                 _num(row[NODE_COUNT], ".0f"), _bytes(row[SIZE_BYTES])]
+        status = (f'<td class="error">{_e(str(row[ERROR] or "failed")[:300])}</td>' if failed
+                  else f"<td>{_e(row[STATUS])}</td>")
+        body.append(('<tr class="best">' if row[BEST] else "<tr>") + "".join(f"<td>{c}</td>" for c in cells)
+                    + status + "</tr>")
+    return _table(head, body, classes=None)
+
+
+def _wide_html(table: pd.DataFrame, verdicts: Mapping[str, str], best: str | None, *, fmt, total: bool) -> str:
+    labels = [c for c in table.columns if c != OP_TYPE]
+    head = ["op type", *[("&#9733; " if label == best else "") + _e(label) for label in labels]]
+    classes = ["", *[f"v-{verdicts.get(label, 'unknown')}" for label in labels]]
+    body = [f"<tr><td>{_e(op)}</td>" + "".join(f"<td>{fmt(v) if _present(v) else _NA}</td>" for v in values)
+            + "</tr>" for op, values in zip(table[OP_TYPE], table[labels].to_numpy(dtype=float))]
+    if total and len(table):
+        sums = table[labels].sum(axis=0, min_count=1)
+        body.append("<tr><td><b>total</b></td>"
+                    + "".join(f"<td><b>{fmt(v)}</b></td>" if _present(v) else f"<td>{_NA}</td>" for v in sums)
+                    + "</tr>")
+    return _table(head, body, classes=classes, escaped=True)
+
+
+def _table(head: Sequence[str], body: Sequence[str], *, classes: Sequence[str] | None, escaped: bool = False) -> str:
+    classes = classes or [""] * len(head)
+    cells = "".join(f'<th class="{c}">{h if escaped else _e(h)}</th>' for h, c in zip(head, classes))
+    return (f'<div class="table"><table>\n<thead><tr>{cells}</tr></thead>\n<tbody>\n' + "\n".join(body)
+            + "\n</tbody>\n</table></div>")
+
+
+_NA = '<span class="muted">&mdash;</span>'
+
+
+def _present(value) -> bool:
+    return value is not None and not (pd.api.types.is_scalar(value) and pd.isna(value))
+
+
+def _num(value, spec: str) -> str:
+    return format(float(value), spec) if _present(value) else _NA
+
+
+def _bytes(value) -> str:
+    if not _present(value):
+        return _NA
+    exponent = min(3, int(np.log(max(float(value), 1.0)) // np.log(1024)))
+    return f"{float(value) / 1024 ** exponent:,.{0 if exponent == 0 else 1}f} {('B', 'KB', 'MB', 'GB')[exponent]}"
+
+
+def _e(text) -> str:
+    return html.escape(str(text))
