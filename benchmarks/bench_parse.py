@@ -6,7 +6,9 @@ Each method runs in a fresh interpreter so its peak RSS is its own. Prints figur
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,10 +22,13 @@ from synth_profile import gpt2_graph, synthesize_profile
 _METHODS = (
     ("read", "repeat", "read_bytes (I/O floor)"),
     ("tracker", "repeat", "tracker parse_profile"),
+    ("tracker_whole", "repeat", "tracker parse, whole text"),
+    ("tracker_gzip", "repeat", "tracker parse_profile, gzip"),
     ("json_pandas", "slow_repeat", "json.load+pandas (gc on) [ref]"),
     ("json_pandas_nogc", "slow_repeat", "json.load+pandas (gc off)"),
     ("ort", "slow_repeat", "ORT profile_result_processor"),
     ("summarize", "repeat", "tracker summarize(skip_runs=1)"),
+    ("parse_summarize", "repeat", "tracker parse+summarize"),
 )
 _LABELS = {name: label for name, _, label in _METHODS}
 
@@ -49,6 +54,91 @@ def check_profile(path: Path, *, kernel_events: int | None, runs: int | None) ->
     if kernel_events is not None and (profile.format != "memory" or uneven):
         raise SystemExit(f"sanity check failed: format {profile.format!r} (expected 'memory'), uneven runs: {uneven}")
     return got
+
+
+def straightforward_parse(path: Path):
+    """The kernel table and runs of a profile built the obvious way: `json.load`, then a Python list per column.
+
+    An independent reference for `parse_profile`: no msgspec, no chunks, no codes. Slow (json.load).
+    """
+    import bisect
+
+    import numpy as np
+    import pandas as pd
+
+    from tracker import columns as C
+
+    with path.open("rb") as file:
+        events = json.load(file)
+    windows = sorted((e["ts"], e["dur"]) for e in events if e["cat"] == "Session" and e["name"] == "model_run")
+    kernels = [e for e in events if e["cat"] == "Node" and e["name"].endswith("_kernel_time")]
+    del events
+    starts = [ts for ts, _ in windows]
+
+    def run_of(ts: int) -> int:
+        i = bisect.bisect_right(starts, ts) - 1
+        return i if i >= 0 and ts <= windows[i][0] + windows[i][1] else -1
+
+    def arg(e: dict, key: str, default: str = "0") -> str:
+        return e["args"].get(key, default)
+
+    def shapes(e: dict, key: str) -> str:  # ORT writes them compact: [{"float":[1,32,768]}]
+        return json.dumps(e["args"].get(key, []), separators=(",", ":"))
+
+    table = pd.DataFrame(
+        {
+            C.OP_TYPE: [arg(e, "op_name", "") for e in kernels],
+            C.NODE: [e["name"].removesuffix("_kernel_time") for e in kernels],
+            C.PROVIDER: [arg(e, "provider", "") for e in kernels],
+            C.RUN: np.array([run_of(e["ts"]) for e in kernels], dtype=np.int64),
+            C.DUR_US: np.array([e.get("dur", 0) for e in kernels], dtype=np.int64),
+            C.TS_US: np.array([e["ts"] for e in kernels], dtype=np.int64),
+            C.THREAD: [str(e.get("tid", 0)) for e in kernels],
+            C.INPUT_SHAPES: [shapes(e, "input_type_shape") for e in kernels],
+            C.OUTPUT_SHAPES: [shapes(e, "output_type_shape") for e in kernels],
+            C.OUTPUT_SIZE: np.array([int(arg(e, "output_size")) for e in kernels], dtype=np.int64),
+            C.ACTIVATION_SIZE: np.array([int(arg(e, "activation_size")) for e in kernels], dtype=np.int64),
+            C.PARAMETER_SIZE: np.array([int(arg(e, "parameter_size")) for e in kernels], dtype=np.int64),
+            C.MEM_IN_USE_DELTA: pd.array([None if (m := arg(e, "mem_in_use_delta", None)) is None else int(m)
+                                          for e in kernels], dtype="Int64"),
+        }
+    )
+    runs = pd.DataFrame({C.RUN: np.arange(len(windows), dtype=np.int64),
+                         C.TS_US: np.array(starts, dtype=np.int64),
+                         C.DUR_US: np.array([dur for _, dur in windows], dtype=np.int64)})
+    return table, runs
+
+
+def compare_straightforward(path: Path) -> bool:
+    """Prints whether the streamed, whole-text and straightforward parses agree; True if all do."""
+    import pandas as pd
+
+    from tracker.profile_parse import parse_profile
+
+    def same(a: pd.DataFrame, b: pd.DataFrame) -> str:
+        try:
+            pd.testing.assert_frame_equal(a, b)
+        except AssertionError as e:
+            return "DIFFERENT: " + " ".join(str(e).split())[:300]
+        return "identical"
+
+    streamed = parse_profile(path, stream_above_bytes=0)  # what parse_profile does from 4 MiB on
+    whole = parse_profile(path, stream_above_bytes=2**62)
+    print(f"compare: parse_profile streamed {len(streamed.events):,} rows, {streamed.run_count} runs, "
+          f"format {streamed.format!r}; whole text {len(whole.events):,} rows, format {whole.format!r}")
+    verdicts = {
+        "streamed vs whole-text events": same(streamed.events, whole.events),
+        "streamed vs whole-text runs": same(streamed.runs, whole.runs),
+        "format and truncated": "identical" if (streamed.format, streamed.truncated) == (whole.format, whole.truncated)
+        else "DIFFERENT",
+    }
+    print("compare: json.load reference ...", file=sys.stderr)
+    table, runs = straightforward_parse(path)
+    verdicts["streamed vs json.load reference events"] = same(streamed.events, table)
+    verdicts["streamed vs json.load reference runs"] = same(streamed.runs, runs)
+    for what, verdict in verdicts.items():
+        print(f"compare: {what}: {verdict}")
+    return all(v == "identical" for v in verdicts.values())
 
 
 def _peak_rss_mb() -> float:
@@ -94,21 +184,28 @@ def _child(method: str, path: str, repeat: int) -> dict:
         def run(p: str) -> int:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints "loading profile output ..."
                 return len(process_results(p, argparse.Namespace(threshold=0.01, kernel_time_only=True)))
-    elif method in ("tracker", "summarize"):
+    elif method in ("tracker", "tracker_whole", "tracker_gzip", "parse_summarize"):
         from tracker.aggregate import summarize
         from tracker.profile_parse import parse_profile
 
-        if method == "tracker":
-            def run(p: str) -> int:
-                return len(parse_profile(p).events)
-        else:
-            events = parse_profile(path).events  # untimed; the table it leaves is part of this row's baseline
-            gc.collect()
-            if not _reset_peak_rss():  # else the parse's own peak hides what summarize adds
-                print("cannot reset the peak RSS: summarize's delta MB is a lower bound", file=sys.stderr)
+        # The default parse streams files from 4 MiB on; the whole-text parse decodes the file in one go.
+        stream_above_bytes = 2**62 if method == "tracker_whole" else None
 
-            def run(p: str) -> int:
-                return len(summarize(events, skip_runs=1))
+        def run(p: str) -> int:
+            kwargs = {} if stream_above_bytes is None else {"stream_above_bytes": stream_above_bytes}
+            events = parse_profile(p, **kwargs).events
+            return len(summarize(events, skip_runs=1)) if method == "parse_summarize" else len(events)
+    elif method == "summarize":
+        from tracker.aggregate import summarize
+        from tracker.profile_parse import parse_profile
+
+        events = parse_profile(path).events  # untimed; the table it leaves is part of this row's baseline
+        gc.collect()
+        if not _reset_peak_rss():  # else the parse's own peak hides what summarize adds
+            print("cannot reset the peak RSS: summarize's delta MB is a lower bound", file=sys.stderr)
+
+        def run(p: str) -> int:
+            return len(summarize(events, skip_runs=1))
     else:
         def run(p: str) -> int:
             return len(Path(p).read_bytes())
@@ -148,24 +245,33 @@ def _report(path: Path, kernel_events: int, runs: int, results: dict[str, dict])
     for name, r in results.items():
         print(f"{_LABELS[name]:32} {r['best_s']:7.3f} {kernel_events / r['best_s'] / 1e3:6.0f} {r['peak_mb']:8.0f} "
               f"{r['base_mb']:8.0f} {r['peak_mb'] - r['base_mb']:9.0f} {r['peak_mb'] / size_mb:9.2f}")
-    ref = results["json_pandas"]
+    ref = results.get("json_pandas")
+    if ref is None:
+        return
     print("vs json.load+pandas (gc on):  speed-up   peak RSS ratio   delta RSS ratio")
-    for name in [n for n in ("tracker", "json_pandas_nogc", "ort") if n in results]:
+    for name in [n for n in ("tracker", "tracker_whole", "tracker_gzip", "parse_summarize", "json_pandas_nogc", "ort")
+                 if n in results]:
         r = results[name]
         print(f"  {_LABELS[name]:28} {ref['best_s'] / r['best_s']:8.1f}x {r['peak_mb'] / ref['peak_mb']:14.2f} "
               f"{(r['peak_mb'] - r['base_mb']) / (ref['peak_mb'] - ref['base_mb']):17.2f}")
     print("summarize runs on the parsed table: its base MB includes that table, its delta is only what it adds.")
+    print("parse+summarize is timed end to end, as one would use it; ORT's processor does the same work.")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=120_000,
+    parser.add_argument("--events", type=int, default=533_000,
                         help="kernel events to synthesize, rounded up to whole runs of 533 (at least 2 runs)")
     parser.add_argument("--profile", type=Path, help="benchmark this existing profile instead of a synthetic one")
     parser.add_argument("--write-only", type=Path, metavar="PATH", help="write the synthetic profile here and exit")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=3, help="runs of the fast methods (best is kept)")
     parser.add_argument("--slow-repeat", type=int, default=1, help="runs of json.load and ORT's processor")
+    parser.add_argument("--methods", default=",".join(name for name, _, _ in _METHODS if name != "tracker_gzip"),
+                        help="comma-separated rows to measure (default: all but tracker_gzip): " + ", ".join(_LABELS))
+    parser.add_argument("--compare-straightforward", action="store_true",
+                        help="first check that the streamed, whole-text and a plain json.load parse give the same "
+                             "table (exit 1 if not)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -182,16 +288,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {path}: {expected:,} kernel events in {runs} runs")
                 return 0
         kernel_events, runs = check_profile(path, kernel_events=expected, runs=runs if expected else None)
+        gz_path = Path(tmp) / (path.name + ".gz")
+        if "tracker_gzip" in args.methods.split(","):
+            print(f"compressing {path.name} (gzip level 1) ...", file=sys.stderr)
+            with path.open("rb") as plain, gzip.open(gz_path, "wb", compresslevel=1) as packed:
+                shutil.copyfileobj(plain, packed, 2**20)
+        if args.compare_straightforward and not compare_straightforward(path):
+            raise SystemExit("the parses differ")
+        wanted = set(args.methods.split(","))
+        if wanted - set(_LABELS):
+            raise SystemExit(f"unknown --methods {sorted(wanted - set(_LABELS))}; expected some of {list(_LABELS)}")
         results = {}
-        for name, which, label in _METHODS:
+        for name, which, label in [m for m in _METHODS if m[0] in wanted]:
             if name == "ort" and not _has_ort_processor():
                 print("skipping ORT's processor: onnxruntime.transformers.profile_result_processor is not importable",
                       file=sys.stderr)
                 continue
             repeat = getattr(args, which)
             print(f"measuring {label} (best of {repeat}) ...", file=sys.stderr)
-            results[name] = _measure(name, path, repeat)
-        if expected is not None and results["json_pandas"]["rows"] != kernel_events:
+            results[name] = _measure(name, gz_path if name == "tracker_gzip" else path, repeat)
+        if expected is not None and "json_pandas" in results and results["json_pandas"]["rows"] != kernel_events:
             raise SystemExit(f"reference built {results['json_pandas']['rows']} rows, expected {kernel_events}")
         _report(path, kernel_events, runs, results)
     return 0

@@ -7,8 +7,11 @@ SequentialExecutor::Execute and model_run events enclosing them. Seeded: the sam
 
 from __future__ import annotations
 
+import gzip
 import random
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TextIO
 
 _SEQ, _LAYERS, _PID, _TID_POOL = 32, 12, 2019, ("140127813510912", "140127805118208", "140127796725504")
 _FLOAT, _INT, _BOOL = "float", "int64", "bool"
@@ -112,15 +115,34 @@ def _thread_stats(rng: random.Random, dur: int) -> str:
 
 
 def synthesize_profile(path: Path, *, runs: int, seed: int = 0) -> int:
-    """Writes a GPT-2-like ORT 1.32 profile of `runs` runs in ORT's own layout; returns its kernel event count."""
+    """Writes a GPT-2-like ORT 1.32 profile of `runs` runs in ORT's own layout; returns its kernel event count.
+
+    The file is written run by run, so its size is not bounded by memory; a name ending in .gz makes it gzip
+    (level 1: a profile compresses ~10x at any level, and level 1 is several times faster).
+    """
+    with _open_text(Path(path)) as out:
+        for text in _profile_text(runs, seed):
+            out.write(text)
+    return runs * len(gpt2_graph())
+
+
+def _open_text(path: Path) -> TextIO:
+    if path.suffix == ".gz":
+        return gzip.open(path, "wt", encoding="utf-8", newline="\n", compresslevel=1)
+    return path.open("w", encoding="utf-8", newline="\n")
+
+
+def _profile_text(runs: int, seed: int) -> Iterator[str]:
+    """The text of the profile, one piece per run."""
     rng = random.Random(seed)
     static = [(f"{name}_kernel_time", op, _shapes(ins), _shapes(outs), _nbytes(outs),
                _nbytes(ins[:len(ins) - n_params]), _nbytes(ins[len(ins) - n_params:]), dur)
               for name, op, ins, outs, n_params, dur in gpt2_graph()]
-    lines = [_event("Session", "model_loading_uri", 3, 251_306),
-             _event("Session", "session_initialization", 251_420, 903_877)]
+    yield "[\n" + _event("Session", "model_loading_uri", 3, 251_306) + ",\n"
+    yield _event("Session", "session_initialization", 251_420, 903_877)
     t, in_use, peak, arena = 1_156_000, 0, 0, 0
     for run in range(runs):
+        lines = []
         slow = 3.0 if run == 0 else 1.0  # the first run allocates and picks kernels
         exec_ts = t + rng.randint(5, 12)
         ts = exec_ts + rng.randint(3, 8)
@@ -147,5 +169,5 @@ def synthesize_profile(path: Path, *, runs: int, seed: int = 0) -> int:
         lines.append(_event("Session", "model_run", t, exec_end + rng.randint(2, 6) - t))
         t = exec_end + rng.randint(60, 250)
         in_use = 0
-    path.write_text("[\n" + ",\n".join(lines) + "\n]\n")
-    return runs * len(static)
+        yield ",\n" + ",\n".join(lines)
+    yield "\n]\n"
