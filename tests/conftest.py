@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import mlflow
+import numpy as np
 import pytest
+
+from tracker.fusions.add_eyelike import make_linear_model
 
 _MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
 
@@ -31,3 +34,14 @@ def _isolated_mlflow(monkeypatch, tmp_path):
     yield
     while mlflow.active_run():
         mlflow.end_run()
+
+
+@pytest.fixture
+def model():
+    """A small real model: Y = Add(MatMul(X, Add(A, EyeLike(A))), B) with 8 features."""
+    return make_linear_model(n_features=8)
+
+
+@pytest.fixture
+def feeds():
+    return {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}

@@ -9,7 +9,6 @@ import pytest
 from mlflow import MlflowClient
 
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
-from tracker.fusions.add_eyelike import make_linear_model
 from tracker.settings import resolve_tracking_uri
 
 FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
@@ -27,16 +26,6 @@ def store(tmp_path, monkeypatch):
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():
         mlflow.end_run()
-
-
-@pytest.fixture
-def model():
-    return make_linear_model(n_features=8)
-
-
-@pytest.fixture
-def feeds():
-    return {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
 
 
 def runs_of(client: MlflowClient, experiment: str) -> dict[str, object]:

@@ -5,30 +5,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-import mlflow
 import numpy as np
 import pytest
 from mlflow import MlflowClient
 
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
+from tests.conftest import isolate_mlflow
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
 FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
                      trace_levels=(1,))
 ATTEMPTS = ["baseline", "ort_opt_disabled", "reference_baseline", "reference_fused_wrong", "broken"]
-
-
-def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
-    """Undoes, when `mp` does, what MLflow leaves behind: `set_tracking_uri` and `set_experiment` export
-    MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID to os.environ and keep globals; a later test's
-    `mlflow run --experiment-name` would refuse the exported id."""
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID"):
-        mp.setenv(name, "")  # recorded first, so the variable is removed again at the end
-        mp.delenv(name)
-    mp.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    utils = mlflow.tracking._tracking_service.utils
-    mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
 
 
 @dataclass(frozen=True)

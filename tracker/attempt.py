@@ -218,8 +218,8 @@ def measure_attempt(
             timing = dataclasses.replace(config.timing, min_runs=max(config.timing.min_runs, MIN_PAIRS))
             pairs = time_interleaved(lambda: run_reference(feeds), lambda: run(feeds), timing)
             result.speedup = estimate_speedup(*pairs)
-        del run_reference
-    del run
+        run_reference = None  # free the baseline's session before profiling
+    run = None  # and this one's: a GPT-2 session holds ~1 GB
     logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
     if attempt.runtime == "onnxruntime":
         with steps.step("profiling"):

@@ -14,11 +14,9 @@ import time
 from pathlib import Path
 
 import mlflow
-import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from tracker.fusions.add_eyelike import make_linear_model
 from tracker.server import LocalTrackingServer, find_postgres_bin
 
 
@@ -91,12 +89,3 @@ def server_client(tracking_server, monkeypatch, tmp_path):
     else:
         os.environ["MLFLOW_EXPERIMENT_ID"] = previous_experiment
 
-
-@pytest.fixture
-def model():
-    return make_linear_model(n_features=8)
-
-
-@pytest.fixture
-def feeds():
-    return {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
