@@ -8,6 +8,7 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
+import tracker
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
 from tracker.settings import resolve_tracking_uri
 
@@ -116,3 +117,27 @@ def test_an_attempt_that_fails_before_measuring_is_a_failed_run_and_the_best_att
     assert crash.data.tags["mlflow.parentRunId"] == runs["s"].info.run_id
     assert runs["s"].data.tags["tracker.best_attempt"] == "baseline"
     assert runs["s"].data.metrics["study.failed"] == 1
+
+
+def test_a_large_raw_profile_is_logged_gzip_compressed_and_still_parses(store, model, feeds, tmp_path, monkeypatch):
+    from tracker import api
+    from tracker.profile_parse import parse_profile
+
+    monkeypatch.setattr(api, "GZIP_ABOVE_BYTES", 1000)  # this small model's profile is ~10 KB
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        result = study.attempt("baseline", model)
+    listed = {a.path for a in store.list_artifacts(result.run_id, "profile")}
+    assert "profile/ort_profile.json.gz" in listed and "profile/ort_profile.json" not in listed
+    local = store.download_artifacts(result.run_id, "profile/ort_profile.json.gz", str(tmp_path))
+    parsed = parse_profile(local)
+    assert len(parsed.events) == len(result.profile.events)
+    assert parsed.run_count == FAST.profile_runs
+
+
+@pytest.mark.parametrize("name", ["../../etc", "a/b", "..", "", "has space", "-flag", ".hidden"],
+                         ids=["parent-dirs", "slash", "dotdot", "empty", "space", "dash", "dot"])
+def test_names_that_could_escape_a_folder_are_rejected_before_any_run(name, model, feeds):
+    with pytest.raises(ValueError, match="name must be"):
+        Study(name, feeds=feeds)
+    with pytest.raises(ValueError, match="name must be"):
+        tracker.Attempt(name=name, model=model)

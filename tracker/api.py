@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import logging
 import shutil
 import tempfile
@@ -16,7 +17,7 @@ import onnx
 
 from tracker import mlflow_log, report
 from tracker.artifacts import write_attempt_artifacts
-from tracker.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
+from tracker.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
 from tracker.environment import fingerprint
 from tracker.model_io import ort_can_load
 from tracker.record import AttemptRecord, save_record, save_summary
@@ -73,6 +74,7 @@ class Study:
         latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
         steps: StepTimes | None = None,
     ) -> None:
+        check_name("study", name)
         self.name = name
         self.feeds = dict(feeds)
         self.latency_feeds = dict(latency_feeds or {})
@@ -326,7 +328,8 @@ def _fill_record(record, result, artifacts, config, reference, workdir: Path, *,
         record.tags["mlflow.note.content"] = attempt.description
     record.artifact_dir = str(artifacts.folder)
     record.tables = list(artifacts.tables)
-    record.files = {str(p): "profile" for p in (result.profile_path, result.optimized_model_path) if p is not None}
+    files = [result.profile_path and _compress_if_large(result.profile_path), result.optimized_model_path]
+    record.files = {str(p): "profile" for p in files if p is not None}
     if log_model:
         if isinstance(attempt.model, onnx.ModelProto):
             path = workdir / "model" / "model.onnx"
@@ -338,6 +341,20 @@ def _fill_record(record, result, artifacts, config, reference, workdir: Path, *,
             model = onnx.load(str(path), load_external_data=False)
         record.model_path = str(path)
         record.model_flavor = ort_can_load(model)
+
+
+GZIP_ABOVE_BYTES = 16 * 2**20
+
+
+def _compress_if_large(path: Path) -> Path:
+    """A raw profile above GZIP_ABOVE_BYTES is logged gzip-compressed (JSON traces shrink ~10x);
+    `tracker summarize` and `parse_profile` read both."""
+    if path.stat().st_size <= GZIP_ABOVE_BYTES:
+        return path
+    target = path.with_name(path.name + ".gz")
+    with open(path, "rb") as source, gzip.open(target, "wb", compresslevel=6) as sink:
+        shutil.copyfileobj(source, sink, length=2**20)
+    return target
 
 
 def _attempt_params(attempt: Attempt) -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,22 @@ logger = logging.getLogger(__name__)
 RUNTIMES = ("onnxruntime", "reference")
 TRACE_LEVELS = (1, 2, 3, 4)
 MIN_PAIRS = 10
+
+
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+
+
+def check_name(kind: str, name: str) -> None:
+    """Study and attempt names become run names, tags and folder names: keep them to a safe alphabet.
+
+    Raises:
+        ValueError: anything else (a path separator, "..", spaces, an empty name).
+    """
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
+        raise ValueError(
+            f"{kind} name must be 1-100 letters, digits, '_', '-' or '.' (not starting with '.' or '-', "
+            f"no '..'), got {name!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -96,8 +113,7 @@ class Attempt:
     metrics: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("_", "").replace("-", "").replace(".", "").isalnum():
-            raise ValueError(f"attempt name must be letters, digits, '_', '-' or '.', got {self.name!r}")
+        check_name("attempt", self.name)
         if self.runtime not in RUNTIMES:
             raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
         if self.new_ops and self.runtime != "reference":
