@@ -102,6 +102,11 @@ def make_session(
         options.profile_file_prefix = str(profile_prefix)
     if optimized_model_path is not None:
         options.optimized_model_filepath = str(optimized_model_path)
+        # The graph is what explains a profile's op types; its weights (GBs for an LLM) go to a side
+        # file that is not logged.
+        weights = Path(optimized_model_path).with_suffix(".weights.bin").name
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", weights)
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     try:
         return ort.InferenceSession(source, options, providers=list(config.providers))
@@ -127,7 +132,7 @@ def profile_ort(
 
     The first run is part of the profile (aggregations drop it with `skip_runs`). ORT's runtime graph
     (after its session-time fusions) is saved beside the profile, so the profile's op types can be
-    explained.
+    explained: the graph itself, with its larger weights in a side file (`*.weights.bin`).
     """
     if runs < 1:
         raise ValueError(f"profile runs must be >= 1, got {runs}")
