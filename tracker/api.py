@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import logging
 import shutil
 import tempfile
@@ -15,15 +14,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker import mlflow_log, report
+from tracker import mlflow_log, report, run_content
 from tracker.artifacts import write_attempt_artifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
-from tracker.environment import fingerprint
-from tracker.model_io import ort_can_load
 from tracker.record import AttemptRecord, save_record, save_summary
-from tracker.speedup import Speedup, verdict
+from tracker.speedup import verdict
 from tracker.steps import StepTimes
-from tracker.keys import metric_keys
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +169,7 @@ class Study:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
-                rows = [_summary_row(r, self._baselines) for r in self.results]
+                rows = [run_content.summary_row(r, self._baselines.per_runtime.get(r.attempt.runtime)) for r in self.results]
                 rows += [{"attempt": n, "status": "failed", "error": e} for n, e in self.failures.items()]
                 failed = sum(not r.ok for r in self.results) + len(self.failures)
                 best = self.best
@@ -269,7 +265,7 @@ def run_attempt(
     """
     parent_run_id, experiment_id = mlflow_log.current_ids()
     record = AttemptRecord(attempt.name, study, attempt.runtime, parent_run_id=parent_run_id,
-                           experiment_id=experiment_id, params=_attempt_params(attempt))
+                           experiment_id=experiment_id, params=run_content.attempt_params(attempt))
     result = AttemptResult(attempt=attempt)
     try:
         output_reference = baselines.for_outputs(attempt.runtime)
@@ -291,7 +287,7 @@ def run_attempt(
             artifacts = write_attempt_artifacts(
                 result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs
             )
-        _fill_record(record, result, artifacts, config, reference, workdir, log_model=log_model)
+        run_content.fill_record(record, result, artifacts, config, reference, workdir, log_model=log_model)
     except Exception as e:
         logger.error("attempt %s failed: %s: %s", attempt.name, type(e).__name__, e)
         result.error = f"{type(e).__name__}: {e}"
@@ -315,133 +311,3 @@ def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:
             "`tracker upload %s` once the tracking server is back",
             record.attempt, type(e).__name__, e, result.outbox, result.outbox,
         )
-
-
-def _fill_record(record, result, artifacts, config, reference, workdir: Path, *, log_model: bool) -> None:
-    attempt = result.attempt
-    record.params.update(_params(result, config))
-    record.metrics = _metrics(result, reference, artifacts.tables)
-    record.tags = {mlflow_log.TAG_STATUS: "ok" if result.diff.passed else "diff_failed",
-                   mlflow_log.TAG_DIFF: "passed" if result.diff.passed else "failed",
-                   mlflow_log.TAG_VERDICT: result.verdict}
-    if attempt.description:
-        record.tags["mlflow.note.content"] = attempt.description
-    record.artifact_dir = str(artifacts.folder)
-    record.tables = list(artifacts.tables)
-    files = [result.profile_path and _compress_if_large(result.profile_path), result.optimized_model_path]
-    record.files = {str(p): "profile" for p in files if p is not None}
-    if log_model:
-        if isinstance(attempt.model, onnx.ModelProto):
-            path = workdir / "model" / "model.onnx"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            onnx.save(attempt.model, str(path))
-            model = attempt.model
-        else:
-            path = attempt.model
-            model = onnx.load(str(path), load_external_data=False)
-        record.model_path = str(path)
-        record.model_flavor = ort_can_load(model)
-
-
-GZIP_ABOVE_BYTES = 16 * 2**20
-
-
-def _compress_if_large(path: Path) -> Path:
-    """A raw profile above GZIP_ABOVE_BYTES is logged gzip-compressed (JSON traces shrink ~10x);
-    `tracker summarize` and `parse_profile` read both."""
-    if path.stat().st_size <= GZIP_ABOVE_BYTES:
-        return path
-    target = path.with_name(path.name + ".gz")
-    with open(path, "rb") as source, gzip.open(target, "wb", compresslevel=6) as sink:
-        shutil.copyfileobj(source, sink, length=2**20)
-    return target
-
-
-def _attempt_params(attempt: Attempt) -> dict[str, str]:
-    params = {"attempt.name": attempt.name, "attempt.runtime": attempt.runtime}
-    if attempt.runtime == "onnxruntime":
-        params.update(attempt.session.params())
-    else:
-        params["reference.new_ops"] = ",".join(f"{c.op_domain}:{c.__name__}" for c in attempt.new_ops) or "none"
-    params.update(attempt.params)
-    return params
-
-
-def _params(result: AttemptResult, config: MeasureConfig) -> dict[str, str]:
-    params = {**config.params(), **fingerprint()}
-    if result.graph is not None:
-        params.update(result.graph.params())
-    if result.diff is not None:
-        params.update(result.diff.params())
-    params.update(result.attempt.params)
-    return params
-
-
-def _metrics(result: AttemptResult, reference: AttemptResult | None, tables: dict) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    if result.latency is not None:
-        metrics.update(result.latency.metrics())
-    if result.overhead_ratio is not None:
-        metrics["profile.overhead_ratio"] = result.overhead_ratio
-    if result.profile is not None:
-        metrics["profile.runs"] = float(result.profile.run_count)
-        metrics["profile.kernel_events"] = float(len(result.profile.events))
-    if reference is not None and reference.latency is not None and result.latency is not None:
-        metrics["latency.speedup_vs_baseline"] = reference.latency.p50_ms / result.latency.p50_ms
-    if result.speedup is not None:
-        metrics.update(result.speedup.metrics())
-    elif reference is result:
-        metrics.update(Speedup(1.0, 1.0, 1.0, 0.95, 0).metrics())
-    for label, latency in result.latencies.items():
-        metrics.update(latency.metrics(prefix=f"latency.{label}"))
-        if reference is not None and label in reference.latencies:
-            metrics[f"latency.{label}.speedup_vs_baseline"] = reference.latencies[label].p50_ms / latency.p50_ms
-    if result.diff is not None:
-        metrics.update(result.diff.metrics())
-    if result.graph is not None:
-        metrics.update(result.graph.metrics())
-        if reference is not None and reference.graph is not None:
-            metrics["graph.node_delta"] = float(result.graph.node_count - reference.graph.node_count)
-    if "graph_diff" in tables:
-        metrics.update(graph_delta_metrics(tables["graph_diff"]))
-    if "ops_by_op" in tables:
-        metrics.update(mlflow_log.op_metrics(tables["ops_by_op"]))
-    metrics.update(result.extra_metrics)
-    metrics.update(result.attempt.metrics)
-    return metrics
-
-
-def graph_delta_metrics(graph_diff) -> dict[str, float]:
-    """`graph.delta.<OpType>` for every op type whose node count changed, and `graph.reshape_removed`."""
-    from tracker.graph_stats import DELTA, OP_TYPE
-
-    changed = graph_diff[graph_diff[DELTA] != 0]
-    keys = metric_keys("graph.delta", list(changed[OP_TYPE]), "nodes")
-    metrics = {keys[op]: float(d) for op, d in zip(changed[OP_TYPE], changed[DELTA])}
-    reshape = graph_diff.loc[graph_diff[OP_TYPE] == "Reshape", DELTA]
-    metrics["graph.reshape_removed"] = float(max(0, -int(reshape.iloc[0]))) if len(reshape) else 0.0
-    return metrics
-
-
-def _summary_row(result: AttemptResult, baselines: _Baselines) -> dict[str, object]:
-    reference = baselines.per_runtime.get(result.attempt.runtime)
-    speedup = None
-    if result.latency is not None and reference is not None and reference.latency is not None:
-        speedup = reference.latency.p50_ms / result.latency.p50_ms
-    return {
-        "attempt": result.attempt.name,
-        "runtime": result.attempt.runtime,
-        "status": "failed" if not result.ok else ("ok" if result.diff is None or result.diff.passed else "diff_failed"),
-        "verdict": result.verdict,
-        "speedup": result.speedup.speedup if result.speedup else None,
-        "speedup_ci_low": result.speedup.ci_low if result.speedup else None,
-        "speedup_ci_high": result.speedup.ci_high if result.speedup else None,
-        "p50_ms": result.latency.p50_ms if result.latency else None,
-        "speedup_vs_baseline": speedup,
-        "diff_max_abs": result.diff.max_abs if result.diff else None,
-        "diff_passed": result.diff.passed if result.diff else None,
-        "node_count": result.graph.node_count if result.graph else None,
-        "size_bytes": result.graph.size_bytes if result.graph else None,
-        "run_id": result.run_id,
-        "error": result.error,
-    }
