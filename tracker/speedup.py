@@ -11,6 +11,9 @@ import numpy as np
 from tracker.latency import TimingConfig
 
 VERDICTS = ("better", "worse", "inconclusive", "rejected")
+# Smallest speed-up change worth a verdict. With tens of thousands of interleaved pairs (a model that
+# runs in microseconds) the interval gets so narrow that a 1 % order effect would count as a change.
+MIN_EFFECT = 0.02
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,11 @@ class Speedup:
 
     @property
     def verdict(self) -> str:
-        """"better" or "worse" only when the whole interval is on one side of 1, else "inconclusive"."""
-        if self.ci_low > 1.0:
+        """"better" or "worse" only when the whole interval is on one side of 1 and the change is at
+        least MIN_EFFECT (2 %), else "inconclusive"."""
+        if self.ci_low > 1.0 and self.speedup >= 1.0 + MIN_EFFECT:
             return "better"
-        if self.ci_high < 1.0:
+        if self.ci_high < 1.0 and self.speedup <= 1.0 - MIN_EFFECT:
             return "worse"
         return "inconclusive"
 
