@@ -295,7 +295,21 @@ def run_attempt(
         record.traceback = "".join(traceback.format_exception(e))
     record.tags.update(tags or {})
     _log_or_keep(record, result)
+    _release_memory()
     return result
+
+
+def _release_memory() -> None:
+    """Hands freed memory back to the OS between attempts: after a GPT-2 attempt (sessions, model
+    copies) glibc keeps gigabytes in its per-thread arenas otherwise."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:

@@ -18,7 +18,7 @@ from tracker import reference_runtime as ref
 from tracker.feeds import check_feeds
 from tracker.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.latency import Latency, TimingConfig, time_runs
-from tracker.model_io import load_model
+from tracker.model_io import load_model, ort_can_load
 from tracker.ort_runtime import SessionConfig, make_session, profile_ort
 from tracker.output_diff import FP32, OutputDiff, Tolerance
 from tracker.lm_diff import LogitsDiff, LogitsTolerance
@@ -127,11 +127,15 @@ class Attempt:
             return self.model
         return load_model(self.model, load_external_data=external_data)
 
-    def size_bytes(self) -> int:
-        """Size of the model: file plus external data files, or the serialized in-memory proto."""
+    def size_bytes(self, loaded: onnx.ModelProto | None = None) -> int:
+        """Size of the model: file plus external data files, or the serialized in-memory proto.
+
+        Args:
+            loaded: the model as already loaded from its path, to spare reading it again.
+        """
         if isinstance(self.model, onnx.ModelProto):
             return int(self.model.ByteSize())
-        model = onnx.load(str(self.model), load_external_data=False)
+        model = loaded if loaded is not None else onnx.load(str(self.model), load_external_data=False)
         locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
         folder = self.model.parent
         return self.model.stat().st_size + sum((folder / loc).stat().st_size for loc in locations)
@@ -154,6 +158,7 @@ class AttemptResult:
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
     verdict: str | None = None  # "baseline", or one of tracker.speedup.VERDICTS
+    ort_loadable: bool = True  # False for a custom-domain op ONNX Runtime does not know
     steps: StepTimes = field(default_factory=StepTimes)
     extra_metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
@@ -213,7 +218,8 @@ def measure_attempt(
     for extra in (feeds, *latency_feeds.values()):
         check_feeds(model, extra)
     workdir = Path(workdir)
-    result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes()))
+    result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes(model)))
+    result.ort_loadable = ort_can_load(model)
     steps = result.steps
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
     with steps.step("session"):
@@ -228,7 +234,7 @@ def measure_attempt(
     if reference is not None:
         logger.info("attempt %s: timing interleaved with %s", attempt.name, reference.name)
         with steps.step("session"):
-            run_reference = _runner(reference, reference.load(external_data=reference.runtime == "reference"))
+            run_reference = _runner(reference, reference.load() if reference.runtime == "reference" else None)
         with steps.step("speedup"):
             # a bootstrap interval needs a few pairs, whatever the latency loop was told
             timing = dataclasses.replace(config.timing, min_runs=max(config.timing.min_runs, MIN_PAIRS))
@@ -260,8 +266,11 @@ def measure_attempt(
     return result
 
 
-def _runner(attempt: Attempt, model: onnx.ModelProto) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
-    """One inference of `attempt` in its runtime, session or evaluator created once."""
+def _runner(
+    attempt: Attempt, model: onnx.ModelProto | None
+) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
+    """One inference of `attempt` in its runtime, session or evaluator created once (`model` is only
+    needed by the reference runtime)."""
     if attempt.runtime == "onnxruntime":
         # a path keeps large models out of this process's memory: ORT reads the file itself
         session = make_session(attempt.model, attempt.session)

@@ -249,10 +249,11 @@ def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
 def _log_model_file(path: Path, *, flavor: bool) -> None:
     if flavor:
         # No input_example: it would make MLflow load and run the model once more.
+        model = onnx.load(str(path))
         mlflow.onnx.log_model(
-            onnx_model=onnx.load(str(path)),
+            onnx_model=model,
             name="model",
-            signature=_signature(onnx.load(str(path), load_external_data=False)),
+            signature=_signature(model),
             pip_requirements=_pip_requirements(),
             onnx_execution_providers=["CPUExecutionProvider"],
         )

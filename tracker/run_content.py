@@ -13,7 +13,6 @@ from tracker.artifacts import AttemptArtifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.environment import fingerprint
 from tracker.keys import metric_keys
-from tracker.model_io import ort_can_load
 from tracker.record import AttemptRecord
 from tracker.speedup import Speedup
 
@@ -46,12 +45,10 @@ def fill_record(
             path = workdir / "model" / "model.onnx"
             path.parent.mkdir(parents=True, exist_ok=True)
             onnx.save(attempt.model, str(path))
-            model = attempt.model
         else:
             path = attempt.model
-            model = onnx.load(str(path), load_external_data=False)
         record.model_path = str(path)
-        record.model_flavor = ort_can_load(model)
+        record.model_flavor = result.ort_loadable
 
 
 GZIP_ABOVE_BYTES = 16 * 2**20
