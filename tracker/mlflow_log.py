@@ -238,7 +238,7 @@ def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
 
 
 def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    return {sanitize_key(k) if sanitize_key(k) != k else k: float(v) for k, v in metrics.items()}
+    return {sanitize_key(k): float(v) for k, v in metrics.items()}  # valid keys come back unchanged
 
 
 def _json_safe(table: pd.DataFrame) -> pd.DataFrame:

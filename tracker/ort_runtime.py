@@ -114,11 +114,6 @@ def make_session(
         raise ModelError(f"onnxruntime refused the model: {e}") from e
 
 
-def run_session(session, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    """One inference; outputs in graph output order."""
-    return session.run(None, dict(feeds))
-
-
 def profile_ort(
     model: onnx.ModelProto | str | Path,
     feeds: Mapping[str, np.ndarray],
