@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from synth_profile import gpt2_graph, synthesize_profile
 _METHODS = (
     ("read", "repeat", "read_bytes (I/O floor)"),
     ("tracker", "repeat", "tracker parse_profile"),
+    ("tracker_1proc", "repeat", "tracker parse, 1 process"),
     ("tracker_whole", "repeat", "tracker parse, whole text"),
     ("tracker_gzip", "repeat", "tracker parse_profile, gzip"),
     ("json_pandas", "slow_repeat", "json.load+pandas (gc on) [ref]"),
@@ -122,14 +124,19 @@ def compare_straightforward(path: Path) -> bool:
             return "DIFFERENT: " + " ".join(str(e).split())[:300]
         return "identical"
 
-    streamed = parse_profile(path, stream_above_bytes=0)  # what parse_profile does from 4 MiB on
+    streamed = parse_profile(path, stream_above_bytes=0)  # what parse_profile does from 4 MiB on (workers too)
+    one = parse_profile(path, stream_above_bytes=0, workers=1)
     whole = parse_profile(path, stream_above_bytes=2**62)
     print(f"compare: parse_profile streamed {len(streamed.events):,} rows, {streamed.run_count} runs, "
-          f"format {streamed.format!r}; whole text {len(whole.events):,} rows, format {whole.format!r}")
+          f"format {streamed.format!r}; in 1 process {len(one.events):,} rows; whole text {len(whole.events):,} "
+          f"rows, format {whole.format!r}")
     verdicts = {
         "streamed vs whole-text events": same(streamed.events, whole.events),
         "streamed vs whole-text runs": same(streamed.runs, whole.runs),
-        "format and truncated": "identical" if (streamed.format, streamed.truncated) == (whole.format, whole.truncated)
+        "streamed vs 1-process events": same(streamed.events, one.events),
+        "streamed vs 1-process runs": same(streamed.runs, one.runs),
+        "format and truncated": "identical"
+        if (streamed.format, streamed.truncated) == (whole.format, whole.truncated) == (one.format, one.truncated)
         else "DIFFERENT",
     }
     print("compare: json.load reference ...", file=sys.stderr)
@@ -184,15 +191,17 @@ def _child(method: str, path: str, repeat: int) -> dict:
         def run(p: str) -> int:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints "loading profile output ..."
                 return len(process_results(p, argparse.Namespace(threshold=0.01, kernel_time_only=True)))
-    elif method in ("tracker", "tracker_whole", "tracker_gzip", "parse_summarize"):
+    elif method in ("tracker", "tracker_1proc", "tracker_whole", "tracker_gzip", "parse_summarize"):
         from tracker.aggregate import summarize
         from tracker.profile_parse import parse_profile
 
-        # The default parse streams files from 4 MiB on; the whole-text parse decodes the file in one go.
-        stream_above_bytes = 2**62 if method == "tracker_whole" else None
+        # The default parse streams files from 4 MiB on, with worker processes from 128 MiB on; the whole-text
+        # parse decodes the file in one go.
+        kwargs = {"tracker_whole": {"stream_above_bytes": 2**62}, "tracker_1proc": {"workers": 1}}.get(method, {})
+        _record_worker_peaks()
 
         def run(p: str) -> int:
-            kwargs = {} if stream_above_bytes is None else {"stream_above_bytes": stream_above_bytes}
+            _WORKER_PEAKS_MB.clear()
             events = parse_profile(p, **kwargs).events
             return len(summarize(events, skip_runs=1)) if method == "parse_summarize" else len(events)
     elif method == "summarize":
@@ -210,13 +219,33 @@ def _child(method: str, path: str, repeat: int) -> dict:
         def run(p: str) -> int:
             return len(Path(p).read_bytes())
     base_mb = _peak_rss_mb()
+    _WORKER_PEAKS_MB.clear()
     times, rows = [], 0
     for _ in range(repeat):
         start = time.perf_counter()
         rows = run(path)
         times.append(time.perf_counter() - start)
         gc.collect()
-    return {"best_s": min(times), "rows": rows, "base_mb": base_mb, "peak_mb": _peak_rss_mb()}
+    workers_mb = sum(_WORKER_PEAKS_MB)  # of the last run; they run at the same time as this process
+    return {"best_s": min(times), "rows": rows, "base_mb": base_mb, "peak_mb": _peak_rss_mb(),
+            "workers": len(_WORKER_PEAKS_MB), "workers_mb": workers_mb}
+
+
+_WORKER_PEAKS_MB: list[float] = []
+
+
+def _record_worker_peaks() -> None:
+    """Notes the peak RSS each worker process of parse_profile reports (VmHWM; theirs, not this process's)."""
+    from tracker.profile_worker import Worker
+
+    result = Worker.result
+
+    def recording_result(self):
+        stretch = result(self)
+        _WORKER_PEAKS_MB.append(stretch.peak_rss_bytes / 2**20)
+        return stretch
+
+    Worker.result = recording_result
 
 
 def _has_ort_processor() -> bool:
@@ -240,20 +269,32 @@ def _measure(method: str, path: Path, repeat: int) -> dict:
 def _report(path: Path, kernel_events: int, runs: int, results: dict[str, dict]) -> None:
     size_mb = path.stat().st_size / 1e6
     print(f"profile: {path.name}, {size_mb:.1f} MB, {kernel_events:,} kernel events in {runs} runs "
-          f"({path.stat().st_size / kernel_events:.0f} bytes/kernel event); python {sys.version.split()[0]}")
-    print(f"{'method':32} {'best s':>7} {'kev/s':>6} {'peak MB':>8} {'base MB':>8} {'delta MB':>9} {'peak/file':>9}")
+          f"({path.stat().st_size / kernel_events:.0f} bytes/kernel event); python {sys.version.split()[0]}, "
+          f"{len(os.sched_getaffinity(0))} CPUs")
+    print(f"{'method':32} {'best s':>7} {'kev/s':>6} {'peak MB':>8} {'base MB':>8} {'delta MB':>9} {'workers MB':>11} "
+          f"{'peak/file':>9}")
     for name, r in results.items():
+        workers = f"{r['workers']} x {r['workers_mb'] / r['workers']:4.0f}" if r.get("workers") else "-"
+        total_mb = r["peak_mb"] + r.get("workers_mb", 0)
         print(f"{_LABELS[name]:32} {r['best_s']:7.3f} {kernel_events / r['best_s'] / 1e3:6.0f} {r['peak_mb']:8.0f} "
-              f"{r['base_mb']:8.0f} {r['peak_mb'] - r['base_mb']:9.0f} {r['peak_mb'] / size_mb:9.2f}")
+              f"{r['base_mb']:8.0f} {r['peak_mb'] - r['base_mb']:9.0f} {workers:>11} {total_mb / size_mb:9.2f}")
+    if any(r.get("workers") for r in results.values()):
+        print("workers MB: the peak RSS of each worker process parse_profile started (1 per 128 MiB of text, up to "
+              "the CPUs); peak/file counts them with this process's peak, as they run at the same time.")
     ref = results.get("json_pandas")
+    one = results.get("tracker_1proc")
+    if one is not None and "tracker" in results:
+        print(f"parse_profile with its workers vs in 1 process: {one['best_s'] / results['tracker']['best_s']:.2f}x")
     if ref is None:
         return
     print("vs json.load+pandas (gc on):  speed-up   peak RSS ratio   delta RSS ratio")
-    for name in [n for n in ("tracker", "tracker_whole", "tracker_gzip", "parse_summarize", "json_pandas_nogc", "ort")
-                 if n in results]:
+    shown = ("tracker", "tracker_1proc", "tracker_whole", "tracker_gzip", "parse_summarize", "json_pandas_nogc", "ort")
+    for name in [n for n in shown if n in results]:
         r = results[name]
-        print(f"  {_LABELS[name]:28} {ref['best_s'] / r['best_s']:8.1f}x {r['peak_mb'] / ref['peak_mb']:14.2f} "
-              f"{(r['peak_mb'] - r['base_mb']) / (ref['peak_mb'] - ref['base_mb']):17.2f}")
+        peak = r["peak_mb"] + r.get("workers_mb", 0)
+        delta = peak - r["base_mb"]
+        print(f"  {_LABELS[name]:28} {ref['best_s'] / r['best_s']:8.1f}x {peak / ref['peak_mb']:14.2f} "
+              f"{delta / (ref['peak_mb'] - ref['base_mb']):17.2f}")
     print("summarize runs on the parsed table: its base MB includes that table, its delta is only what it adds.")
     print("parse+summarize is timed end to end, as one would use it; ORT's processor does the same work.")
 

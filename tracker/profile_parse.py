@@ -6,27 +6,31 @@ import gc
 import gzip
 import itertools
 import logging
-import operator
+import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from operator import attrgetter
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pandas as pd
 
 from tracker import columns as C
 from tracker.errors import ProfileFormatError
-from tracker.profile_stream import AnyEvent, decode_events, empty_message, iter_blocks, iter_event_batches
+from tracker.profile_columns import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
+from tracker.profile_stream import (
+    decode_events,
+    empty_message,
+    event_commas,
+    iter_blocks,
+    iter_event_batches,
+    iter_mapped_batches,
+)
+from tracker.profile_worker import Worker
 
 logger = logging.getLogger(__name__)
 
-_KERNEL_SUFFIX = "_kernel_time"
-_FENCE_SUFFIX = "_fence_before"
-_RUN_EVENT = "model_run"
 _GZIP_MAGIC = b"\x1f\x8b"
 # parse_profile reads plain files from this size on, and every gzip file, a block of text at a time: the result is
 # the same, and memory holds the table and one block's events instead of the whole text and all its events. It is
@@ -35,23 +39,14 @@ STREAM_ABOVE_BYTES = 4 * 2**20
 # Text decoded at a time: larger blocks cost more page faults than they save in per-block work (measured: 4 MiB
 # blocks spend ~0.5 s more than 1 MiB ones on a 540 MB profile).
 BLOCK_BYTES = 2**20
-
-# Columns of repeated strings, and of numbers (see _KernelColumns).
-_STRING_COLUMNS = (C.OP_TYPE, C.NODE, C.PROVIDER, C.THREAD, C.INPUT_SHAPES, C.OUTPUT_SHAPES)
-_INT_COLUMNS = (C.DUR_US, C.TS_US, C.OUTPUT_SIZE, C.ACTIVATION_SIZE, C.PARAMETER_SIZE)
-# What the kernel calls of a node repeat from run to run (string columns first), and where an event holds them.
-_CALL_COLUMNS = (C.THREAD, C.OP_TYPE, C.PROVIDER, C.INPUT_SHAPES, C.OUTPUT_SHAPES)
-_CALL_COLUMNS += (C.OUTPUT_SIZE, C.ACTIVATION_SIZE, C.PARAMETER_SIZE)
-_call_attributes = attrgetter(
-    "tid",
-    "args.op_name",
-    "args.provider",
-    "args.input_type_shape",
-    "args.output_type_shape",
-    "args.output_size",
-    "args.activation_size",
-    "args.parameter_size",
-)
+# By default a plain file gets one process per this much text (the first stretch is read in this one), up to
+# the CPUs this process may use and MAX_WORKERS.
+WORKER_BYTES = 128 * 2**20
+MAX_WORKERS = 4
+# A worker is up (python, numpy, msgspec) and has handed back its columns ~0.2 s later than if it had started
+# at once: about this much text. The first stretch, read here while the workers start, is longer by as much
+# (by less in small files).
+_WORKER_START_BYTES = 48 * 2**20
 
 
 @dataclass(frozen=True)
@@ -111,7 +106,11 @@ def read_profile_bytes(path: str | Path) -> bytes:
 
 
 def parse_profile(
-    path: str | Path, *, stream_above_bytes: int = STREAM_ABOVE_BYTES, block_bytes: int = BLOCK_BYTES
+    path: str | Path,
+    *,
+    stream_above_bytes: int = STREAM_ABOVE_BYTES,
+    block_bytes: int = BLOCK_BYTES,
+    workers: int | None = None,
 ) -> Profile:
     """Parses an ONNX Runtime profile file (JSON, or JSON compressed with gzip).
 
@@ -120,6 +119,11 @@ def parse_profile(
         stream_above_bytes: plain files of at least this size, and gzip files of any size, are read
             `block_bytes` of text at a time; smaller ones in one go. The result is the same.
         block_bytes: how much text to decode at a time when streaming.
+        workers: how many processes read a plain file that is streamed: this one reads the first stretch of
+            its text and `workers - 1` worker processes the others, at the same time. None: one per
+            `WORKER_BYTES` of text, up to the CPUs this process may use and `MAX_WORKERS`. The result is the
+            same; a file whose stretches do not decode as lists of events (not one event per line) is read
+            again in this process alone.
 
     Returns:
         The kernel invocations and runs it holds.
@@ -128,25 +132,72 @@ def parse_profile(
         ProfileFormatError: the file is empty, not JSON, or JSON that is not an ORT trace.
     """
     source, path = str(path), _checked_file(path)
-    if path.stat().st_size < stream_above_bytes and not _is_gzip(path):
+    size, gzipped = path.stat().st_size, _is_gzip(path)
+    if gzipped:
+        workers = 1  # a gzip stream can only be read from its start
+    elif size < stream_above_bytes:
         return parse_profile_bytes(read_profile_bytes(path), source=source)
-    columns, truncated = _KernelColumns(), False
+    if workers is None:
+        workers = min(len(os.sched_getaffinity(0)), MAX_WORKERS, max(1, size // WORKER_BYTES))
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     with _gc_paused():
-        for events, truncated in iter_event_batches(iter_blocks(path, block_bytes), source):
-            columns.add(events)
-        return columns.to_profile(truncated=truncated, source=source)
+        if workers > 1:
+            columns, truncated = _gather_in_stretches(path, workers, block_bytes)
+            if columns is not None:
+                return _profile(columns, truncated=truncated, source=source)
+        if gzipped:
+            batches = iter_event_batches(iter_blocks(path, block_bytes), source)
+        else:
+            batches = iter_mapped_batches(path, source, block_bytes)
+        columns, truncated = gather(batches)
+        return _profile(columns, truncated=truncated, source=source)
 
 
 def parse_profile_bytes(data: bytes, *, source: str = "<bytes>") -> Profile:
     """Parses the JSON text of an ONNX Runtime profile. See `parse_profile`."""
     if not data or data.isspace():  # isspace() looks in place, where strip() would copy the whole text
         raise ProfileFormatError(empty_message(source))
-    columns = _KernelColumns()
+    columns = KernelColumns()
     with _gc_paused():
         events, truncated = decode_events(data, source)
         columns.add(events)
         del events  # before the table is built: the events and the text they point into are no longer needed
-        return columns.to_profile(truncated=truncated, source=source)
+        return _profile(columns, truncated=truncated, source=source)
+
+
+def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[KernelColumns | None, bool]:
+    """Reads the file's first stretch here while worker processes read the others; merges what they gathered.
+
+    Returns:
+        The columns of the whole file and whether it was cut short, or None if some stretch did not decode as
+        a list of events (then the caller reads the file in one stream, which says what is wrong with it).
+    """
+    size = path.stat().st_size
+    head_start = min(_WORKER_START_BYTES, size // (2 * workers))
+    stretch = (size - head_start) // workers  # a worker's; the first is longer by the head start
+    first = size - stretch * (workers - 1)
+    bounds = [0, *event_commas(path, [first + stretch * i for i in range(workers - 1)]), size]
+    starts = [0] + [comma + 1 for comma in bounds[1:-1]]  # a stretch starts after the comma, ends before it
+    running = [Worker(path, start, stop, block_bytes) for start, stop in zip(starts[1:], bounds[2:])]
+    try:
+        stop = bounds[1] if running else None
+        try:
+            columns, truncated = gather(iter_mapped_batches(path, str(path), block_bytes, stop=stop))
+        except ProfileFormatError as e:
+            logger.debug("reading %s in one stream: its first stretch is not a list of events (%s)", path, e)
+            return None, False
+        for worker in running:
+            result = worker.result()
+            if result.columns is None or truncated:  # only the last stretch may be cut short
+                logger.debug("reading %s in one stream: a stretch is not a list of events (%s)", path, result.error)
+                return None, False
+            columns.merge(result.columns)
+            truncated = result.truncated
+        return columns, truncated
+    finally:
+        for worker in running:
+            worker.stop()
 
 
 def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> Iterator[ProfileChunk]:
@@ -172,7 +223,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
     blocks_per_chunk, seen = max(1, round(chunk_bytes / block_bytes)), 0
     while True:
         with _gc_paused():
-            columns, truncated = _KernelColumns(), False
+            columns, truncated = KernelColumns(), False
             for events, truncated in itertools.islice(batches, blocks_per_chunk):
                 columns.add(events)
             if not columns.trace_events and not truncated:
@@ -182,7 +233,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
                 _warn_truncated(source, seen)
             windows = np.array(columns.run_windows, dtype=np.int64).reshape(-1, 2)
             runs = pd.DataFrame({C.TS_US: windows[:, 0], C.DUR_US: windows[:, 1]})
-            chunk = ProfileChunk(columns.table(_runs_table([])), runs, columns.trace_events, truncated)
+            chunk = ProfileChunk(_table(columns, _runs_table([])), runs, columns.trace_events, truncated)
         yield chunk
 
 
@@ -211,9 +262,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 def _warn_truncated(source: str, complete_events: int) -> None:
-    logger.warning(
-        "profile %r is truncated: read its %d complete events and dropped the rest", source, complete_events
-    )
+    logger.warning("profile %r is truncated: read its %d complete events and dropped the rest", source, complete_events)
 
 
 def _runs_table(windows: list[tuple[int, int]]) -> pd.DataFrame:
@@ -223,133 +272,43 @@ def _runs_table(windows: list[tuple[int, int]]) -> pd.DataFrame:
     )
 
 
-class _KernelColumns:
-    """The kernel calls and `model_run` windows of a profile, gathered batch by batch of events.
-
-    A string column holds a code per row: the position of its value among the column's distinct values, which
-    (a few hundred node names, op types and shapes) are converted and stored once, by `table`.
-
-    The calls of a node repeat its thread, op type, provider, shapes and sizes run after run: when every call in
-    a batch matches its node's last call, the batch takes those columns from the node's last call, and no value
-    is hashed or converted; other batches are encoded value by value.
-    """
-
-    def __init__(self) -> None:
-        self.trace_events = 0
-        self.ort_events = 0  # of category Session or Node
-        self.has_fences = False
-        self.has_memory = False
-        self.run_windows: list[tuple[int, int]] = []
-        self._rows = 0
-        # The node names are those of every Node event (fences too): they tell which events are kernel calls.
-        self._distinct: dict[str, dict] = {column: {} for column in _STRING_COLUMNS}
-        self._is_kernel = np.zeros(0, dtype=bool)  # per distinct node name
-        self._last_call: list[tuple | None] = []  # per distinct node name: `_call_attributes` of its last call
-        self._last_row = np.zeros((0, len(_CALL_COLUMNS)), dtype=np.int64)  # and its `_CALL_COLUMNS`
-        self._parts: dict[str, list[np.ndarray]] = {column: [] for column in C.EVENT_COLUMNS}
-        self._mem_missing: list[np.ndarray] = []
-
-    def add(self, events: list[AnyEvent]) -> None:
-        self.trace_events += len(events)
-        nodes = [e for e in events if e.cat == "Node"]
-        sessions = [e for e in events if e.cat == "Session"]
-        self.ort_events += len(nodes) + len(sessions)
-        self.run_windows += [(e.ts, e.dur) for e in sessions if e.name == _RUN_EVENT]
-        names = self._codes(C.NODE, map(attrgetter("name"), nodes))
-        self._learn_names()
-        is_kernel = self._is_kernel[names]
-        kernels = list(itertools.compress(nodes, is_kernel))
-        self._parts[C.NODE].append(names[is_kernel])
-        for column, values in zip(_CALL_COLUMNS, self._call_columns(kernels, names[is_kernel]).T):
-            self._parts[column].append(values)
-        self._parts[C.TS_US].append(np.fromiter(map(attrgetter("ts"), kernels), dtype=np.int64))
-        self._parts[C.DUR_US].append(np.fromiter(map(attrgetter("dur"), kernels), dtype=np.int64))
-        mem = [e.args.mem_in_use_delta for e in kernels]  # None in profiles of ORT releases without memory fields
-        missing = np.fromiter(map(operator.is_, mem, itertools.repeat(None)), dtype=bool, count=len(mem))
-        self.has_memory = self.has_memory or not missing.all()
-        self._mem_missing.append(missing)
-        mem_values = (m or 0 for m in mem) if missing.any() else mem
-        self._parts[C.MEM_IN_USE_DELTA].append(np.fromiter(mem_values, dtype=np.int64, count=len(mem)))
-        self._rows += len(kernels)
-
-    def _codes(self, column: str, values: Iterable) -> np.ndarray:
-        distinct = self._distinct[column]  # value -> code, in order of first appearance
-        return np.array([distinct.setdefault(value, len(distinct)) for value in values], dtype=np.int64)
-
-    def _learn_names(self) -> None:
-        new = list(itertools.islice(self._distinct[C.NODE], len(self._is_kernel), None))
-        if new:
-            self._is_kernel = np.append(self._is_kernel, [name.endswith(_KERNEL_SUFFIX) for name in new])
-            self.has_fences = self.has_fences or any(name.endswith(_FENCE_SUFFIX) for name in new)
-            self._last_call += [None] * len(new)
-            self._last_row = np.vstack([self._last_row, np.zeros((len(new), len(_CALL_COLUMNS)), np.int64)])
-
-    def _call_columns(self, kernels: list[AnyEvent], nodes: np.ndarray) -> np.ndarray:
-        """The `_CALL_COLUMNS` of the kernel calls, one row per call."""
-        calls = list(map(_call_attributes, kernels))
-        nodes_list = nodes.tolist()
-        if all(map(operator.eq, calls, map(self._last_call.__getitem__, nodes_list))):
-            return self._last_row[nodes]
-        tids, ops, providers, inputs, outputs, *sizes = zip(*calls)
-        rows = np.column_stack(
-            [
-                self._codes(C.THREAD, tids),
-                self._codes(C.OP_TYPE, ops),
-                self._codes(C.PROVIDER, providers),
-                self._codes(C.INPUT_SHAPES, map(bytes, inputs)),
-                self._codes(C.OUTPUT_SHAPES, map(bytes, outputs)),
-                *(np.array(values, dtype=np.int64) for values in sizes),
-            ]
+def _profile(columns: KernelColumns, *, truncated: bool, source: str) -> Profile:
+    if truncated:
+        _warn_truncated(source, columns.trace_events)
+    if not columns.ort_events:
+        raise ProfileFormatError(
+            f"{source!r} holds {columns.trace_events} trace events but none of category 'Session' or 'Node'; "
+            "it is not an ONNX Runtime profile"
         )
-        last = dict(zip(nodes_list, range(len(calls))))  # node -> its last call in the batch
-        for node, i in last.items():
-            # Copies of the shapes: msgspec.Raw points into the batch's text, which is not to outlive the batch.
-            tid, op, provider, input_shapes, output_shapes, *call_sizes = calls[i]
-            shapes = msgspec.Raw(bytes(input_shapes)), msgspec.Raw(bytes(output_shapes))
-            self._last_call[node] = (tid, op, provider, *shapes, *call_sizes)
-        self._last_row[list(last)] = rows[list(last.values())]
-        return rows
+    runs = _runs_table(columns.run_windows)
+    fmt = "fences" if columns.has_fences else ("memory" if columns.has_memory else "plain")
+    return Profile(events=_table(columns, runs), runs=runs, format=fmt, truncated=truncated, source=source)
 
-    def to_profile(self, *, truncated: bool, source: str) -> Profile:
-        if truncated:
-            _warn_truncated(source, self.trace_events)
-        if not self.ort_events:
-            raise ProfileFormatError(
-                f"{source!r} holds {self.trace_events} trace events but none of category 'Session' or 'Node'; "
-                "it is not an ONNX Runtime profile"
-            )
-        runs = _runs_table(self.run_windows)
-        fmt = "fences" if self.has_fences else ("memory" if self.has_memory else "plain")
-        return Profile(events=self.table(runs), runs=runs, format=fmt, truncated=truncated, source=source)
 
-    def table(self, runs: pd.DataFrame) -> pd.DataFrame:
-        """The kernel rows, numbered by the runs whose windows hold them."""
-        convert = {
-            C.NODE: lambda name: name.removesuffix(_KERNEL_SUFFIX),
-            C.THREAD: str,
-            C.INPUT_SHAPES: bytes.decode,
-            C.OUTPUT_SHAPES: bytes.decode,
-        }
-        data = {column: self._strings(column, convert.get(column)) for column in _STRING_COLUMNS}
-        data |= {column: self._ints(column) for column in _INT_COLUMNS}
-        data[C.RUN] = _run_index(data[C.TS_US], runs)
-        data[C.MEM_IN_USE_DELTA] = pd.arrays.IntegerArray(self._ints(C.MEM_IN_USE_DELTA), self._missing())
-        return pd.DataFrame(data, columns=list(C.EVENT_COLUMNS))
+def _table(columns: KernelColumns, runs: pd.DataFrame) -> pd.DataFrame:
+    """The kernel rows, numbered by the runs whose windows hold them."""
+    gathered = columns.gathered()
+    convert = {
+        C.NODE: lambda name: name.removesuffix(KERNEL_SUFFIX),
+        C.THREAD: str,
+        C.INPUT_SHAPES: bytes.decode,
+        C.OUTPUT_SHAPES: bytes.decode,
+    }
+    data = {}
+    for column in STRING_COLUMNS:
+        data[column] = _strings(gathered.distinct[column], gathered.codes.pop(column), convert.get(column))
+    data |= {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
+    data[C.RUN] = _run_index(data[C.TS_US], runs)
+    data[C.MEM_IN_USE_DELTA] = pd.arrays.IntegerArray(gathered.numbers.pop(C.MEM_IN_USE_DELTA), gathered.mem_missing)
+    return pd.DataFrame(data, columns=list(C.EVENT_COLUMNS))
 
-    def _ints(self, column: str) -> np.ndarray:
-        # Popped: `table` is the last use, and the table is built column by column without a second copy.
-        return np.concatenate(self._parts.pop(column) or [np.empty(0, dtype=np.int64)])
 
-    def _missing(self) -> np.ndarray:
-        return np.concatenate(self._mem_missing or [np.empty(0, dtype=bool)])
-
-    def _strings(self, column: str, convert: Callable | None) -> pd.api.extensions.ExtensionArray | list:
-        if not self._rows:
-            return []  # what pandas makes of an empty list (float64 in pandas 3.1), as the table always had
-        distinct = self._distinct[column]
-        values = list(distinct) if convert is None else [convert(value) for value in distinct]
-        # Index.take repeats each value's one string object (object dtype) or copies it into Arrow's buffer.
-        return pd.Index(values).take(self._ints(column)).array
+def _strings(distinct: list, codes: np.ndarray, convert: Callable | None) -> pd.api.extensions.ExtensionArray | list:
+    if not len(codes):
+        return []  # what pandas makes of an empty list (float64 in pandas 3.1), as the table always had
+    values = distinct if convert is None else [convert(value) for value in distinct]
+    # Index.take repeats each value's one string object (object dtype) or copies it into Arrow's buffer.
+    return pd.Index(values).take(codes).array
 
 
 def _run_index(ts: np.ndarray, runs: pd.DataFrame) -> np.ndarray:
