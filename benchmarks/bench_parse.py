@@ -105,6 +105,9 @@ def straightforward_parse(path: Path):
                                           for e in kernels], dtype="Int64"),
         }
     )
+    # Like the tracker's table, the columns of repeated strings are categorical (pandas sorts the categories).
+    labels = (C.OP_TYPE, C.NODE, C.PROVIDER, C.THREAD, C.INPUT_SHAPES, C.OUTPUT_SHAPES)
+    table = table.astype({column: "category" for column in labels}) if kernels else table
     runs = pd.DataFrame({C.RUN: np.arange(len(windows), dtype=np.int64),
                          C.TS_US: np.array(starts, dtype=np.int64),
                          C.DUR_US: np.array([dur for _, dur in windows], dtype=np.int64)})

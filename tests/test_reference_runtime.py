@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +13,7 @@ from tracker import columns as C
 from tracker.errors import FeedError
 from tracker.fusions.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.latency import TimingConfig
+from tracker.profile_parse import parse_profile
 from tracker.reference_runtime import (
     evaluate_node,
     profile_reference,
@@ -60,6 +63,9 @@ def test_profile_timings_are_positive_float_microseconds_in_increasing_order(mod
     assert table[C.TS_US].is_monotonic_increasing
     assert table[C.MEM_IN_USE_DELTA].dtype == pd.Int64Dtype()
     assert table[C.MEM_IN_USE_DELTA].isna().all()
+    ort_table = parse_profile(Path(__file__).parent / "fixtures" / "profile_ort_1_32.json").events
+    kinds = table.dtypes.astype(str).drop([C.DUR_US, C.TS_US])  # µs as floats: the evaluator times in ns
+    assert kinds.equals(ort_table.dtypes.astype(str).drop([C.DUR_US, C.TS_US]))
 
 
 def test_profile_shapes_and_sizes_follow_ort_conventions(model, feeds):

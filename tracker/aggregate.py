@@ -76,6 +76,7 @@ def summarize(events: pd.DataFrame, *, by: By = "op", skip_runs: int = 0) -> pd.
     summary[C.RUN_MIN_US] = per_run.min(axis=1)
     summary[C.RUN_MAX_US] = per_run.max(axis=1)
     summary = summary.rename_axis(C.KEY).reset_index()
+    summary[C.KEY] = summary[C.KEY].astype(str)  # a key of the events' categorical columns: a string of its own
     summary = summary.sort_values([C.TOTAL_US, C.KEY], ascending=[False, True], ignore_index=True)
     return summary[list(C.SUMMARY_COLUMNS)]
 

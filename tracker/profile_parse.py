@@ -303,12 +303,21 @@ def _table(columns: KernelColumns, runs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(data, columns=list(C.EVENT_COLUMNS))
 
 
-def _strings(distinct: list, codes: np.ndarray, convert: Callable | None) -> pd.api.extensions.ExtensionArray | list:
+def _strings(distinct: list, codes: np.ndarray, convert: Callable | None) -> pd.Categorical | list:
+    """A column of a few hundred distinct strings as a Categorical: its values in lexical order, and a code per row.
+
+    Only the values some row holds are categories (not the names of fences, say), so `value_counts` and the
+    like list no strangers; their lexical order makes sorting by the column sort by its text.
+    """
     if not len(codes):
         return []  # what pandas makes of an empty list (float64 in pandas 3.1), as the table always had
-    values = distinct if convert is None else [convert(value) for value in distinct]
-    # Index.take repeats each value's one string object (object dtype) or copies it into Arrow's buffer.
-    return pd.Index(values).take(codes).array
+    present = np.flatnonzero(np.bincount(codes, minlength=len(distinct)))
+    values = [distinct[i] if convert is None else convert(distinct[i]) for i in present]
+    categories = sorted(set(values))  # a tid may be read as 7 in one event and "7" in another
+    position = {value: i for i, value in enumerate(categories)}
+    recode = np.full(len(distinct), -1, dtype=np.int64)
+    recode[present] = [position[value] for value in values]
+    return pd.Categorical.from_codes(recode[codes], categories=pd.Index(categories, dtype="str"))
 
 
 def _run_index(ts: np.ndarray, runs: pd.DataFrame) -> np.ndarray:
