@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
-    from tracker.mlflow_log import FetchedRun
+    from tracker.mlflow_read import FetchedRun
     from tracker.report import AttemptRow
 
 NO_BEST = "none passed"  # what `Study` tags the parent run with when no attempt qualifies
@@ -54,20 +54,20 @@ def load_comparison(
         ValueError: not exactly one way of choosing the runs was given.
         TrackerError: the runs do not exist.
     """
-    from tracker import mlflow_log, report
+    from tracker import mlflow_log, mlflow_read, report
 
     ways = [study_run_id is not None, experiment is not None or study is not None, bool(run_ids)]
     if sum(ways) != 1 or (ways[1] and (experiment is None or study is None)):
         raise ValueError("give a study run id, or an experiment and a study name, or a list of run ids")
     if run_ids:
-        runs = mlflow_log.fetch_runs(run_ids)
+        runs = mlflow_read.fetch_runs(run_ids)
         rows = [row_from_run(run) for run in runs]
         studies = {r.tags.get(mlflow_log.TAG_STUDY) for r in runs}
         title = f"Study {studies.pop()}" if len(studies) == 1 and None not in studies else "Selected runs"
         return Comparison(title, rows, report.pick_best(rows))
     if study_run_id is None:
-        study_run_id = mlflow_log.find_study_run(experiment, study)
-    parent, attempts = mlflow_log.fetch_study_runs(study_run_id)
+        study_run_id = mlflow_read.find_study_run(experiment, study)
+    parent, attempts = mlflow_read.fetch_study_runs(study_run_id)
     rows = [row_from_run(run) for run in attempts]
     best = parent.tags.get(mlflow_log.TAG_BEST)
     best = report.pick_best(rows) if best is None else (None if best == NO_BEST else best)

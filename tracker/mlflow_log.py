@@ -1,16 +1,18 @@
-"""The one module that talks to MLflow: study runs, nested attempt runs, and what each run carries."""
+"""The module that writes to MLflow: study runs, nested attempt runs, and what each run carries.
+
+Reading studies back (for `tracker compare`) is `tracker.mlflow_read`'s.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import traceback
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import mlflow
@@ -18,11 +20,11 @@ import onnx
 import pandas as pd
 
 from tracker import columns as C
-from tracker.record import AttemptRecord
-from tracker.steps import StepTimes
-from tracker.errors import TrackerError, TrackingServerError
+from tracker.errors import TrackingServerError
 from tracker.keys import metric_keys, sanitize_key
+from tracker.record import AttemptRecord
 from tracker.settings import resolve_tracking_uri
+from tracker.steps import StepTimes
 
 logger = logging.getLogger(__name__)
 
@@ -369,95 +371,6 @@ def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, fl
     mlflow.log_metrics(_clean_metrics(metrics))
 
 
-# --- Reading studies back, and the study report (used by `tracker compare` and `Study`) ---
-
-ATTEMPT_TABLES = ("ops_by_op", "graph_diff")  # per-attempt tables the study report shows
-
-
-@dataclasses.dataclass(frozen=True)
-class FetchedRun:
-    """What `tracker compare` needs of one run, without MLflow types.
-
-    Attributes:
-        run_id, name, experiment_id: the run's identity.
-        status: MLflow's run status ("FINISHED", "FAILED", "RUNNING", "KILLED", ...).
-        start_time_ms: when the run started.
-        metrics, tags: the run's latest metric values and its tags.
-        tables: the run's `tables/<name>.json` tables among those asked for, by name.
-    """
-
-    run_id: str
-    name: str
-    experiment_id: str
-    status: str
-    start_time_ms: int
-    metrics: dict[str, float]
-    tags: dict[str, str]
-    tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict, repr=False)
-
-
-def find_study_run(experiment: str, study: str) -> str:
-    """The id of the latest parent run of `study` (tags `tracker.study`, `tracker.role=study`).
-
-    Raises:
-        TrackerError: the experiment or the study does not exist in the tracking store.
-    """
-    client = mlflow.MlflowClient()
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        raise TrackerError(f"no experiment named {experiment!r} in {redact(mlflow.get_tracking_uri())}")
-    runs = client.search_runs(
-        [found.experiment_id],
-        filter_string=f"tags.`{TAG_STUDY}` = '{_quote(study)}' and tags.`{TAG_ROLE}` = 'study'",
-        order_by=["attributes.start_time DESC"], max_results=1,
-    )
-    if not runs:
-        raise TrackerError(f"experiment {experiment!r} has no run of study {study!r} (tags {TAG_STUDY}={study}, "
-                           f"{TAG_ROLE}=study)")
-    return runs[0].info.run_id
-
-
-def fetch_runs(run_ids: Sequence[str], *, tables: Sequence[str] = ATTEMPT_TABLES) -> list[FetchedRun]:
-    """The runs `run_ids`, in that order, with their `tables/<name>.json` tables.
-
-    Raises:
-        TrackerError: a run does not exist.
-    """
-    client = mlflow.MlflowClient()
-    runs = []
-    for run_id in run_ids:
-        try:
-            runs.append(client.get_run(run_id))
-        except mlflow.exceptions.MlflowException as e:
-            raise TrackerError(f"no run {run_id!r} in {redact(mlflow.get_tracking_uri())}: {e.message}") from None
-    return [_fetched(client, run, tables) for run in runs]
-
-
-def fetch_study_runs(
-    study_run_id: str, *, tables: Sequence[str] = ATTEMPT_TABLES
-) -> tuple[FetchedRun, list[FetchedRun]]:
-    """A study's parent run and its attempt runs, oldest first.
-
-    Runs replaced by `tracker upload` (tag `tracker.superseded_by`) are left out.
-
-    Raises:
-        TrackerError: the run does not exist, or it has no attempt runs.
-    """
-    client = mlflow.MlflowClient()
-    (parent,) = fetch_runs([study_run_id], tables=())
-    children = client.search_runs(
-        [parent.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{_quote(study_run_id)}'",
-        order_by=["attributes.start_time ASC"], max_results=5000,
-    )
-    attempts = [r for r in children if r.data.tags.get(TAG_ROLE) == "attempt"
-                and "tracker.superseded_by" not in r.data.tags]
-    if not attempts:
-        studies = sorted(r.info.run_name for r in children if r.data.tags.get(TAG_ROLE) == "study")
-        hint = f"; its nested study runs are {studies}: pass one of them" if studies else ""
-        raise TrackerError(f"run {study_run_id} ({parent.name}) has no attempt runs{hint}")
-    return parent, [_fetched(client, r, tables) for r in attempts]
-
-
 def log_study_report(html: str | Path, tables: Mapping[str, pd.DataFrame]) -> None:
     """Logs the study report on the active (study) run: `report/<html file name>` and each table as
     `report/<name>.json` with `mlflow.log_table`, so the UI's table view shows them."""
@@ -465,47 +378,3 @@ def log_study_report(html: str | Path, tables: Mapping[str, pd.DataFrame]) -> No
     for name, table in tables.items():
         if not table.empty:  # an empty table (no graph change) has nothing to show in the UI
             mlflow.log_table(_json_safe(table), artifact_file=f"report/{name}.json")
-
-
-def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
-    found = {}
-    if tables:
-        present = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "tables")}
-        wanted = [name for name in tables if f"{name}.json" in present]
-        if wanted:
-            import tempfile
-
-            with tempfile.TemporaryDirectory(prefix="tracker-fetch-") as tmp, _no_progress_bar():
-                for name in wanted:
-                    path = client.download_artifacts(run.info.run_id, f"tables/{name}.json", tmp)
-                    found[name] = _read_table(Path(path))
-    return FetchedRun(run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
-                      experiment_id=run.info.experiment_id, status=run.info.status,
-                      start_time_ms=int(run.info.start_time or 0), metrics=dict(run.data.metrics),
-                      tags=dict(run.data.tags), tables=found)
-
-
-def _read_table(path: Path) -> pd.DataFrame:
-    # log_table's JSON is pandas "split" orient; read it by hand so keys like "12" stay strings
-    content = json.loads(path.read_text(encoding="utf-8"))
-    return pd.DataFrame(content["data"], columns=content["columns"])
-
-
-@contextlib.contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    # MLflow draws a progress bar per download on stderr; a CLI printing a table wants none
-    from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as flag
-
-    before = os.environ.get(flag.name)
-    os.environ[flag.name] = "false"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(flag.name, None)
-        else:
-            os.environ[flag.name] = before
-
-
-def _quote(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")

@@ -9,12 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import isolate_mlflow
+from tracker.server.mlflow_server import LocalMlflowServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -93,29 +88,16 @@ def store(tmp_path_factory) -> tuple[Path, str, str]:
 
 
 @pytest.fixture(scope="module")
-def server_process(store):
-    """`mlflow server` on the store, starting: (process, base URL, log file). It takes longer to
-    answer than the study takes to run, so the study runs while it starts."""
+def server_process(store) -> LocalMlflowServer:
+    """`mlflow server` on the store, starting. It takes longer to answer than the study takes to run, so
+    the study runs while it starts."""
     folder, uri, _ = store
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = folder / "server.log"
-    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
-    with open(log, "w") as out:
-        # its own process group: the server forks a uvicorn worker, and both must go at the end
-        process = subprocess.Popen(command, cwd=folder, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+    server = LocalMlflowServer(uri, folder / "served-artifacts", log_path=folder / "server.log")
+    server.start(wait=False)
     try:
-        yield process, f"http://127.0.0.1:{port}", log
+        yield server
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        server.stop(timeout_s=5)
 
 
 @pytest.fixture(scope="module")
@@ -154,23 +136,8 @@ def study(store, server_process) -> StudyStore:
 @pytest.fixture(scope="module")
 def server(server_process, study) -> str:
     """The base URL of `mlflow server` on the study's store, once it answers."""
-    process, base, log = server_process
-    _wait_healthy(base, process, log)
-    return base
-
-
-def _wait_healthy(base: str, process: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + SERVER_START_S
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"mlflow server exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-    raise RuntimeError(f"mlflow server did not answer {base}/health in {SERVER_START_S} s:\n{log.read_text()[-3000:]}")
+    server_process.wait_healthy(SERVER_START_S)
+    return server_process.uri
 
 
 @pytest.fixture(scope="module")

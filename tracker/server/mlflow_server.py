@@ -41,8 +41,12 @@ class LocalMlflowServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
-    def start(self, *, timeout_s: float = 180) -> None:
-        """Starts the server (again, on the same port, after `stop` or `kill`) and waits for /health."""
+    def start(self, *, timeout_s: float = 180, wait: bool = True) -> None:
+        """Starts the server (again, on the same port, after `stop` or `kill`) and waits for /health.
+
+        Args:
+            wait: False to return at once and call `wait_healthy` later (it takes 10-30 s to answer).
+        """
         if self.running:
             return
         self.artifacts_folder.mkdir(parents=True, exist_ok=True)
@@ -54,15 +58,19 @@ class LocalMlflowServer:
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=env, start_new_session=True)
-        self._wait_healthy(timeout_s)
-        logger.info("MLflow server at %s (log %s)", self.uri, self.log_path)
+        if wait:
+            self.wait_healthy(timeout_s)
 
-    def _wait_healthy(self, timeout_s: float) -> None:
+    def wait_healthy(self, timeout_s: float = 180) -> None:
+        """Waits until the server started answers /health; kills it if it does not within `timeout_s`."""
+        if self._proc is None:
+            raise LocalServerError("the mlflow server was not started")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 raise LocalServerError(f"mlflow server exited ({self._proc.returncode}):\n{self._log_tail()}")
             if health_ok(self.uri):
+                logger.info("MLflow server at %s (log %s)", self.uri, self.log_path)
                 return
             time.sleep(0.25)
         self.kill()
