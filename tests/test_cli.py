@@ -115,6 +115,7 @@ def test_summarize_of_a_bad_profile_exits_2_with_a_clear_message(capsys, tmp_pat
         pytest.param(["--skip-runs", "5"], "skip_runs=5 leaves no run: the profile holds 5 run(s)", id="skip-all-runs"),
         pytest.param(["--skip-runs", "-1"], "skip_runs must be >= 0", id="negative-skip"),
         pytest.param(["--top", "0"], "top must be >= 1", id="top-zero"),
+        pytest.param(["--workers", "0"], "workers must be at least 1", id="no-workers"),
     ],
 )
 def test_summarize_with_bad_options_exits_2_naming_the_problem(capsys, args, message):
@@ -175,3 +176,15 @@ def test_inspect_of_a_file_that_is_not_a_model_exits_2(capsys, tmp_path):
     path.write_text("hello")
     assert main(["inspect", str(path), "--dim", "N=4"]) == 2
     assert "ONNX model" in capsys.readouterr().err
+
+
+def test_summarize_with_workers_gives_what_one_process_gives(capsys, tmp_path):
+    # Copies of the fixture's events make a file long enough (5.6 MB) to be streamed in three stretches.
+    lines = NEW.read_text().splitlines()
+    events = [line.rstrip(",") for line in lines[1:-1]]
+    path = tmp_path / "long.json"
+    path.write_text("[\n" + ",\n".join(events * 500) + "\n]\n")
+    one = _summarize_json(capsys, str(path), "--workers", "1")
+    three = _summarize_json(capsys, str(path), "--workers", "3")
+    assert path.stat().st_size > 4 * 2**20
+    assert three == one and one["runs"] == 2500

@@ -34,6 +34,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--skip-runs", type=int, default=0, help="leading (warm-up) runs to leave out")
     s.add_argument("--top", type=int, default=None, help="show the N largest rows, the rest grouped")
     s.add_argument("--json", action="store_true", help="machine-readable output")
+    s.add_argument("--workers", type=int, default=None,
+                   help="processes that read a large plain profile (default: 1 per 128 MiB, up to the CPUs and 4)")
     s.set_defaults(func=_summarize, progress=False)
 
     p = sub.add_parser("profile", help="profile a model file and log it as an attempt")
@@ -142,7 +144,7 @@ def _summarize(args: argparse.Namespace) -> int:
     from tracker import aggregate
     from tracker.profile_parse import parse_profile
 
-    profile = parse_profile(args.profile)
+    profile = parse_profile(args.profile, workers=args.workers)
     summary = aggregate.summarize(profile.events, by=args.by, skip_runs=args.skip_runs)
     if args.top is not None:  # --top 0 is an error, not "show everything"
         summary = aggregate.top_n(summary, args.top)

@@ -131,6 +131,8 @@ def parse_profile(
     Raises:
         ProfileFormatError: the file is empty, not JSON, or JSON that is not an ORT trace.
     """
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     source, path = str(path), _checked_file(path)
     size, gzipped = path.stat().st_size, _is_gzip(path)
     if gzipped:
@@ -139,8 +141,6 @@ def parse_profile(
         return parse_profile_bytes(read_profile_bytes(path), source=source)
     if workers is None:
         workers = min(len(os.sched_getaffinity(0)), MAX_WORKERS, max(1, size // WORKER_BYTES))
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
     with _gc_paused():
         if workers > 1:
             columns, truncated = _gather_in_stretches(path, workers, block_bytes)
