@@ -54,7 +54,8 @@ class Profile:
     """A parsed profile.
 
     Attributes:
-        events: one row per kernel invocation, columns `tracker.columns.EVENT_COLUMNS`.
+        events: one row per kernel invocation, columns `tracker.columns.EVENT_COLUMNS`. Those of repeated
+            strings (op type, node, provider, thread, shapes) are categorical, their categories in lexical order.
         runs: one row per inference run (`run`, `ts_us`, `dur_us` of ORT's `model_run` event).
         format: "fences" (older ORT with `_fence_before/_fence_after` events), "memory" (ORT with
             per-node memory fields) or "plain".
@@ -80,7 +81,8 @@ class ProfileChunk:
     Attributes:
         events: one row per kernel invocation, columns `tracker.columns.EVENT_COLUMNS`, with `run` -1 in every
             row: ORT writes a run's `model_run` event after its kernels, so runs are numbered only once all are
-            read (`parse_profile` does so).
+            read (`parse_profile` does so). Each chunk has its own categories: `pd.concat` of chunks gives
+            plain strings (or use `pandas.api.types.union_categoricals`).
         runs: `ts_us`, `dur_us` of the `model_run` events in this stretch, in file order.
         trace_events: the trace events of every category in this stretch.
         truncated: the file ends in this chunk, cut short.
