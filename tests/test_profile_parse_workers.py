@@ -11,7 +11,6 @@ import pytest
 from test_profile_parse_fast import (
     BAD,
     LAYOUTS,
-    NEW,
     OLD,
     PROFILES,
     SYNTH_RUNS,
@@ -177,3 +176,11 @@ def test_gzip_files_are_read_by_one_process(synthetic, tmp_path, monkeypatch):  
 def test_workers_must_be_at_least_one(synthetic):  # noqa: F811
     with pytest.raises(ValueError, match="workers must be at least 1"):
         parse_profile(synthetic, stream_above_bytes=0, workers=0)
+
+
+def test_a_worker_that_cannot_be_started_at_all_leaves_the_file_to_this_process(synthetic, monkeypatch, caplog):  # noqa: F811
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # Popen raises FileNotFoundError
+    with caplog.at_level(logging.DEBUG, logger="tracker.profile_parse"):
+        parsed = _with_workers(synthetic, 3)
+    assert any("could not start a worker" in r.getMessage() for r in caplog.records)
+    assert_same_profile(parsed, _in_one_process(synthetic))

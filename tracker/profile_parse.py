@@ -173,7 +173,8 @@ def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[Ke
 
     Returns:
         The columns of the whole file and whether it was cut short, or None if some stretch did not decode as
-        a list of events (then the caller reads the file in one stream, which says what is wrong with it).
+        a list of events or a worker could not run (then the caller reads the file in one stream, which also
+        says what is wrong with a file that is not a profile).
     """
     size = path.stat().st_size
     head_start = min(_WORKER_START_BYTES, size // (2 * workers))
@@ -181,7 +182,9 @@ def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[Ke
     first = size - stretch * (workers - 1)
     bounds = [0, *event_commas(path, [first + stretch * i for i in range(workers - 1)]), size]
     starts = [0] + [comma + 1 for comma in bounds[1:-1]]  # a stretch starts after the comma, ends before it
-    running = [Worker(path, start, stop, block_bytes) for start, stop in zip(starts[1:], bounds[2:])]
+    running = _start_workers(path, list(zip(starts[1:], bounds[2:])), block_bytes)
+    if running is None:
+        return None, False
     try:
         stop = bounds[1] if running else None
         try:
@@ -200,6 +203,20 @@ def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[Ke
     finally:
         for worker in running:
             worker.stop()
+
+
+def _start_workers(path: Path, stretches: list[tuple[int, int]], block_bytes: int) -> list[Worker] | None:
+    """A worker per stretch, or None (and none left running) if one could not be started."""
+    started: list[Worker] = []
+    try:
+        for start, stop in stretches:
+            started.append(Worker(path, start, stop, block_bytes))
+    except OSError as e:  # no interpreter to start (an embedded Python), no processes left...
+        logger.debug("reading %s in one stream: could not start a worker (%s)", path, e)
+        for worker in started:
+            worker.stop()
+        return None
+    return started
 
 
 def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> Iterator[ProfileChunk]:

@@ -49,7 +49,9 @@ class Worker:
         python_path = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": python_path, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
         command = [sys.executable, "-m", __name__, str(path), str(start), str(stop), str(block_bytes)]
-        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+        )
 
     def result(self) -> StretchResult:
         out, err = self._process.communicate()
