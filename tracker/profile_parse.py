@@ -148,11 +148,7 @@ def parse_profile(
             columns, truncated = _gather_in_stretches(path, workers, block_bytes)
             if columns is not None:
                 return _profile(columns, truncated=truncated, source=source)
-        if gzipped:
-            batches = iter_event_batches(iter_blocks(path, block_bytes), source)
-        else:
-            batches = iter_mapped_batches(path, source, block_bytes)
-        columns, truncated = gather(batches)
+        columns, truncated = gather(_batches(path, source, block_bytes, gzipped=gzipped))
         return _profile(columns, truncated=truncated, source=source)
 
 
@@ -238,7 +234,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
         raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
     source, path = str(path), _checked_file(path)
     block_bytes = min(chunk_bytes, BLOCK_BYTES)
-    batches = iter_event_batches(iter_blocks(path, block_bytes), source)
+    batches = _batches(path, source, block_bytes, gzipped=_is_gzip(path))
     blocks_per_chunk, seen = max(1, round(chunk_bytes / block_bytes)), 0
     while True:
         with _gc_paused():
@@ -254,6 +250,13 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
             runs = pd.DataFrame({C.TS_US: windows[:, 0], C.DUR_US: windows[:, 1]})
             chunk = ProfileChunk(_table(columns, _runs_table([])), runs, columns.trace_events, truncated)
         yield chunk
+
+
+def _batches(path: Path, source: str, block_bytes: int, *, gzipped: bool) -> Iterator[tuple[list, bool]]:
+    """The file's events, batch by batch: a plain file decoded where it is mapped, a gzip one as a stream."""
+    if gzipped:
+        return iter_event_batches(iter_blocks(path, block_bytes), source)
+    return iter_mapped_batches(path, source, block_bytes)
 
 
 def _checked_file(path: str | Path) -> Path:
