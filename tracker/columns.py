@@ -31,6 +31,8 @@ EVENT_COLUMNS = (
     PARAMETER_SIZE,
     MEM_IN_USE_DELTA,
 )
+# The event columns of repeated strings: pandas categoricals in every per-invocation table.
+LABEL_COLUMNS = (OP_TYPE, NODE, PROVIDER, THREAD, INPUT_SHAPES, OUTPUT_SHAPES)
 
 # A summary: one row per key (op type, node or provider).
 KEY = "key"

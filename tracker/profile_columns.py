@@ -23,7 +23,7 @@ _FENCE_SUFFIX = "_fence_before"
 _RUN_EVENT = "model_run"
 
 # Columns of repeated strings, and of numbers.
-STRING_COLUMNS = (C.OP_TYPE, C.NODE, C.PROVIDER, C.THREAD, C.INPUT_SHAPES, C.OUTPUT_SHAPES)
+STRING_COLUMNS = C.LABEL_COLUMNS
 INT_COLUMNS = (C.DUR_US, C.TS_US, C.OUTPUT_SIZE, C.ACTIVATION_SIZE, C.PARAMETER_SIZE)
 # What the kernel calls of a node repeat from run to run (string columns first), and where an event holds them.
 _CALL_COLUMNS = (C.THREAD, C.OP_TYPE, C.PROVIDER, C.INPUT_SHAPES, C.OUTPUT_SHAPES)

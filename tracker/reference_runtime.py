@@ -28,7 +28,7 @@ VERBOSE_LEVELS = (1, 2, 3, 4)
 
 # The columns of repeated strings are categorical, as in a parsed ORT profile.
 _EVENT_DTYPES = {
-    **dict.fromkeys((C.OP_TYPE, C.NODE, C.PROVIDER, C.THREAD, C.INPUT_SHAPES, C.OUTPUT_SHAPES), "category"),
+    **dict.fromkeys(C.LABEL_COLUMNS, "category"),
     C.RUN: "int64",
     C.DUR_US: "float64",
     C.TS_US: "float64",
