@@ -36,6 +36,11 @@ _GATHERED = (C.NODE, *_CALL_COLUMNS, C.TS_US, C.DUR_US, C.MEM_IN_USE_DELTA)
 _args, _tid, _name = attrgetter("args"), attrgetter("tid"), attrgetter("name")
 
 
+def _call(tid: int | str | None, args: Args | None) -> tuple | None:
+    """What a kernel call repeats from run to run but its memory field: its tid and `_arg_attributes`."""
+    return None if args is None else (tid, *_arg_attributes(args))
+
+
 @dataclass
 class GatheredColumns:
     """What `KernelColumns` gathered, in a form that pickles: what a worker process hands back.
@@ -80,10 +85,9 @@ class KernelColumns:
         # The node names are those of every Node event (fences too): they tell which events are kernel calls.
         self.distinct: dict[str, dict] = {column: {} for column in STRING_COLUMNS}
         self._is_kernel = np.zeros(0, dtype=bool)  # per distinct node name
-        # Per distinct node name, its last call: its Args (memory field and all), tid and `_call_attributes`.
+        # Per distinct node name, its last call: its Args (memory field and all) and tid.
         self._last_args: list[Args | None] = []
         self._last_tid: list[int | str | None] = []
-        self._last_call: list[tuple | None] = []
         self._last_row = np.zeros((0, len(_CALL_COLUMNS)), dtype=np.int64)  # and its `_CALL_COLUMNS`
         self._parts: dict[str, list[np.ndarray]] = {column: [] for column in _GATHERED}
         self._mem_missing: list[np.ndarray] = []
@@ -126,7 +130,6 @@ class KernelColumns:
             self.has_fences = self.has_fences or any(name.endswith(_FENCE_SUFFIX) for name in new)
             self._last_args += [None] * len(new)
             self._last_tid += [None] * len(new)
-            self._last_call += [None] * len(new)
             self._last_row = np.vstack([self._last_row, np.zeros((len(new), len(_CALL_COLUMNS)), np.int64)])
 
     def _call_columns(self, kernels: list[AnyEvent], args: list[Args], nodes: np.ndarray) -> np.ndarray:
@@ -135,9 +138,12 @@ class KernelColumns:
         tids = list(map(_tid, kernels))
         # Is every call its node's last one again, memory field and all? (Lists of Args compare in C.)
         last_args = list(map(self._last_args.__getitem__, nodes_list))
-        if args == last_args and tids == list(map(self._last_tid.__getitem__, nodes_list)):
+        last_tids = list(map(self._last_tid.__getitem__, nodes_list))
+        if args == last_args and tids == last_tids:
             return self._last_row[nodes]
-        calls = [(tid, *attributes) for tid, attributes in zip(tids, map(_arg_attributes, args))]
+        calls = list(map(_call, tids, args))
+        # Or its node's last one but for the memory field (which may change from run to run)?
+        same_but_memory = calls == list(map(_call, last_tids, last_args))
         last = dict(zip(nodes_list, range(len(calls))))  # node -> its last call in the batch
         for node, i in last.items():
             if args[i] != self._last_args[node] or tids[i] != self._last_tid[node]:
@@ -145,8 +151,7 @@ class KernelColumns:
                 shapes = {field: msgspec.Raw(bytes(getattr(args[i], field))) for field in _SHAPE_FIELDS}
                 self._last_args[node] = msgspec.structs.replace(args[i], **shapes)
                 self._last_tid[node] = tids[i]
-        # Is every call its node's last one but for the memory field (which may change from run to run)?
-        if all(map(operator.eq, calls, map(self._last_call.__getitem__, nodes_list))):
+        if same_but_memory:
             return self._last_row[nodes]
         _, ops, providers, inputs, outputs, *sizes = zip(*calls)
         rows = np.column_stack(
@@ -159,8 +164,6 @@ class KernelColumns:
                 *(np.array(values, dtype=np.int64) for values in sizes),
             ]
         )
-        for node in last:
-            self._last_call[node] = (self._last_tid[node], *_arg_attributes(self._last_args[node]))
         self._last_row[list(last)] = rows[list(last.values())]
         return rows
 
