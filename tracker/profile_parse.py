@@ -145,10 +145,10 @@ def parse_profile(
         workers = min(len(os.sched_getaffinity(0)), MAX_WORKERS, max(1, size // WORKER_BYTES))
     with _gc_paused():
         if workers > 1:
-            columns, truncated = _gather_in_stretches(path, workers, block_bytes)
+            columns, truncated = _gather_in_stretches(path, size, workers, block_bytes)
             if columns is not None:
                 return _profile(columns, truncated=truncated, source=source)
-        columns, truncated = gather(_batches(path, source, block_bytes, gzipped=gzipped))
+        columns, truncated = gather(_event_batches(path, source, block_bytes, gzipped=gzipped))
         return _profile(columns, truncated=truncated, source=source)
 
 
@@ -164,7 +164,7 @@ def parse_profile_bytes(data: bytes, *, source: str = "<bytes>") -> Profile:
         return _profile(columns, truncated=truncated, source=source)
 
 
-def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[KernelColumns | None, bool]:
+def _gather_in_stretches(path: Path, size: int, workers: int, block_bytes: int) -> tuple[KernelColumns | None, bool]:
     """Reads the file's first stretch here while worker processes read the others; merges what they gathered.
 
     Returns:
@@ -172,7 +172,6 @@ def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[Ke
         a list of events or a worker could not run (then the caller reads the file in one stream, which also
         says what is wrong with a file that is not a profile).
     """
-    size = path.stat().st_size
     head_start = min(_WORKER_START_BYTES, size // (2 * workers))
     stretch = (size - head_start) // workers  # a worker's; the first is longer by the head start
     first = size - stretch * (workers - 1)
@@ -182,9 +181,8 @@ def _gather_in_stretches(path: Path, workers: int, block_bytes: int) -> tuple[Ke
     if running is None:
         return None, False
     try:
-        stop = bounds[1] if running else None
         try:
-            columns, truncated = gather(iter_mapped_batches(path, str(path), block_bytes, stop=stop))
+            columns, truncated = gather(iter_mapped_batches(path, str(path), block_bytes, stop=bounds[1]))
         except ProfileFormatError as e:
             logger.debug("reading %s in one stream: its first stretch is not a list of events (%s)", path, e)
             return None, False
@@ -234,7 +232,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
         raise ValueError(f"chunk_bytes must be at least 1, got {chunk_bytes}")
     source, path = str(path), _checked_file(path)
     block_bytes = min(chunk_bytes, BLOCK_BYTES)
-    batches = _batches(path, source, block_bytes, gzipped=_is_gzip(path))
+    batches = _event_batches(path, source, block_bytes, gzipped=_is_gzip(path))
     blocks_per_chunk, seen = max(1, round(chunk_bytes / block_bytes)), 0
     while True:
         with _gc_paused():
@@ -252,7 +250,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
         yield chunk
 
 
-def _batches(path: Path, source: str, block_bytes: int, *, gzipped: bool) -> Iterator[tuple[list, bool]]:
+def _event_batches(path: Path, source: str, block_bytes: int, *, gzipped: bool) -> Iterator[tuple[list, bool]]:
     """The file's events, batch by batch: a plain file decoded where it is mapped, a gzip one as a stream."""
     if gzipped:
         return iter_event_batches(iter_blocks(path, block_bytes), source)
