@@ -6,6 +6,7 @@ import gzip
 import importlib
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -157,13 +158,20 @@ def _line_end(data: bytes, line: int) -> int:
     return sum(len(text) for text in data.splitlines(keepends=True)[: line + 1]) - 1
 
 
-CUTS = {
-    "mid-event": lambda data: _line_end(data, 14) - 300,
-    "right-after-an-event": lambda data: _line_end(data, 10) - 1,
-    "after-its-comma": lambda data: _line_end(data, 10),
-    "after-its-newline": lambda data: _line_end(data, 10) + 1,
-    "without-the-closing-bracket": lambda data: data.rstrip().rindex(b"]"),
-}
+def cuts_at(line: int, *, mid_event_line: int | None = None) -> dict[str, Callable[[bytes], int]]:
+    """Where to cut a file's text: 300 bytes before the end of `mid_event_line` (default `line`), around the
+    end of `line`, or just before the closing bracket."""
+    mid_event_line = line if mid_event_line is None else mid_event_line
+    return {
+        "mid-event": lambda data: _line_end(data, mid_event_line) - 300,
+        "right-after-an-event": lambda data: _line_end(data, line) - 1,
+        "after-its-comma": lambda data: _line_end(data, line),
+        "after-its-newline": lambda data: _line_end(data, line) + 1,
+        "without-the-closing-bracket": lambda data: data.rstrip().rindex(b"]"),
+    }
+
+
+CUTS = cuts_at(10, mid_event_line=14)
 
 
 @pytest.mark.parametrize("cut", list(CUTS))

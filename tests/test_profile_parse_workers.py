@@ -14,8 +14,8 @@ from test_profile_parse_fast import (
     OLD,
     PROFILES,
     SYNTH_RUNS,
-    _line_end,
     assert_same_profile,
+    cuts_at,
     synthetic,  # noqa: F401 (a fixture)
 )
 
@@ -73,13 +73,7 @@ def test_a_stretch_decodes_as_the_events_between_its_commas_and_the_file_is_left
 
 
 # Cuts in the last stretch: at line 1200 of 1608 (3 runs x 535 events and the two session events).
-LATE_CUTS = {
-    "mid-event": lambda data: _line_end(data, 1200) - 300,
-    "right-after-an-event": lambda data: _line_end(data, 1200) - 1,
-    "after-its-comma": lambda data: _line_end(data, 1200),
-    "after-its-newline": lambda data: _line_end(data, 1200) + 1,
-    "without-the-closing-bracket": lambda data: data.rstrip().rindex(b"]"),
-}
+LATE_CUTS = cuts_at(1200)
 
 
 @pytest.mark.parametrize("cut", list(LATE_CUTS))
