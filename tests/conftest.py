@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import pytest
@@ -24,6 +26,18 @@ def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
     utils = mlflow.tracking._tracking_service.utils
     mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
+
+
+def new_sqlite_store(tmp_path_factory: pytest.TempPathFactory, experiment: str) -> tuple[Path, str, str]:
+    """A new sqlite tracking store holding one experiment: (its folder, tracking URI, experiment id).
+
+    The experiment's artifacts go to `<folder>/artifacts`: the default (./mlruns) would land in the working
+    directory, which a module-scoped fixture shares with the test that first asked for it.
+    """
+    folder = tmp_path_factory.mktemp(f"{experiment}-store")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    experiment_id = mlflow.MlflowClient(uri).create_experiment(experiment, artifact_location=str(folder / "artifacts"))
+    return folder, uri, experiment_id
 
 
 @pytest.fixture(autouse=True)

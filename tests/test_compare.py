@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tests.conftest import isolate_mlflow
+from tests.conftest import isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
 FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
@@ -30,9 +30,7 @@ class Store:
 def store(tmp_path_factory) -> Store:
     """A study "cmp" in experiment "compare": two ORT attempts, a reference-runtime baseline, a fusion
     with a wrong kernel that its exact check rejects, and an attempt whose model file is garbage."""
-    folder = tmp_path_factory.mktemp("compare-store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    MlflowClient(uri).create_experiment("compare", artifact_location=str(folder / "artifacts"))
+    folder, uri, _ = new_sqlite_store(tmp_path_factory, "compare")
     model = make_linear_model(n_features=8)
     garbage = folder / "garbage.onnx"
     garbage.write_bytes(b"not a protobuf \x00\xff" * 10)

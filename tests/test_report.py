@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig, mlflow_log, report
 from tracker import columns as C
-from tests.conftest import isolate_mlflow
+from tests.conftest import isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.report import AttemptRow
 
@@ -23,9 +23,7 @@ FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs
 @pytest.fixture(scope="module")
 def study(tmp_path_factory) -> Study:
     """Two ORT attempts, three reference-runtime attempts (one with a wrong kernel), one crash."""
-    folder = tmp_path_factory.mktemp("report-store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    MlflowClient(uri).create_experiment("report", artifact_location=str(folder / "artifacts"))
+    _, uri, _ = new_sqlite_store(tmp_path_factory, "report")
     model = make_linear_model(n_features=8)
     fused = fuse_add_eyelike(model).model
     feeds = {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}

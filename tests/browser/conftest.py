@@ -16,7 +16,7 @@ import mlflow
 import numpy as np
 import pytest
 
-from tests.conftest import isolate_mlflow
+from tests.conftest import isolate_mlflow, new_sqlite_store
 from tracker.server.mlflow_server import LocalMlflowServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,12 +79,7 @@ def shots() -> Path:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> tuple[Path, str, str]:
     """(folder, tracking URI, experiment id) of a new sqlite store."""
-    folder = tmp_path_factory.mktemp("ui-store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
-    # An explicit artifact location: the default (./mlruns) would land in the working directory.
-    experiment_id = mlflow.MlflowClient(tracking_uri=uri).create_experiment(
-        EXPERIMENT, artifact_location=str(folder / "artifacts"))
-    return folder, uri, experiment_id
+    return new_sqlite_store(tmp_path_factory, EXPERIMENT)
 
 
 @pytest.fixture(scope="module")
