@@ -152,15 +152,14 @@ def compare_straightforward(path: Path) -> bool:
 
 
 def _peak_rss_mb() -> float:
-    # VmHWM is this process's own peak. ru_maxrss is not: Linux carries it over fork + exec, so every child
-    # would start at the parent's peak (here, the parent that wrote and checked the file).
-    try:
-        status = Path("/proc/self/status").read_text()
-        return next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration):
-        import resource
+    from tracker.memory import peak_rss_bytes  # VmHWM, this process's own peak
 
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_bytes()
+    if peak:
+        return peak / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _reset_peak_rss() -> bool:

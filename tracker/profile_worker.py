@@ -17,6 +17,7 @@ from pathlib import Path
 
 import tracker
 from tracker.errors import ProfileFormatError
+from tracker.memory import peak_rss_bytes
 from tracker.profile_columns import GatheredColumns, gather
 from tracker.profile_stream import iter_mapped_batches
 
@@ -70,16 +71,8 @@ def main(argv: list[str]) -> None:
     path, start, stop, block_bytes = Path(argv[0]), *map(int, argv[1:])
     gc.disable()  # decoding makes millions of objects and no cycles
     result = gather_stretch(path, start, stop, block_bytes)
-    result.peak_rss_bytes = _peak_rss_bytes()
+    result.peak_rss_bytes = peak_rss_bytes()
     sys.stdout.buffer.write(pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _peak_rss_bytes() -> int:
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return 0
-    return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
 
 
 if __name__ == "__main__":
