@@ -1,4 +1,4 @@
-"""The project's own files agree: pyproject vs conda.yaml, MLproject entry points, README vs CI."""
+"""The project's own files agree: pyproject vs python_env.yaml and conda.yaml, MLproject entry points, README vs CI."""
 
 from __future__ import annotations
 
@@ -24,24 +24,36 @@ def test_conda_yaml_pins_the_same_dependencies_as_pyproject():
     assert pyproject()["project"]["requires-python"] == ">=" + python.split("=")[1]
 
 
-def test_mlproject_entry_points_have_typed_parameters_and_existing_scripts():
+def test_python_env_yaml_pins_the_same_dependencies_as_pyproject_and_an_exact_python():
+    python_env = yaml.safe_load((ROOT / "python_env.yaml").read_text())
+    assert sorted(python_env["dependencies"]) == sorted(pyproject()["project"]["dependencies"])
+    # A bare "3.11" makes MLflow ask pyenv for the newest 3.11.x it knows, which pyenv must download.
+    assert re.fullmatch(r"3\.11\.\d+", python_env["python"]), python_env["python"]
+    assert pyproject()["project"]["requires-python"] == ">=3.11"
+    assert python_env["build_dependencies"] == ["pip"]
+
+
+def test_mlproject_runs_in_python_env_yaml_and_its_entry_points_have_typed_parameters_and_existing_scripts():
     project = yaml.safe_load((ROOT / "MLproject").read_text())
-    assert project["conda_env"] == "conda.yaml"
+    # python_env makes a bare `mlflow run .` use virtualenv (no conda needed); conda_env would make it conda.
+    assert project["python_env"] == "python_env.yaml"
+    assert "conda_env" not in project
     entries = project["entry_points"]
-    assert {"main", "linreg", "fusion"} <= set(entries)
+    assert {"main", "linreg", "fusion", "gpt2"} <= set(entries)
     for name, entry in entries.items():
         for param, spec in entry["parameters"].items():
             assert spec["type"] in ("int", "float", "string", "path"), (name, param)
             assert f"{{{param}}}" in entry["command"], f"{name}: parameter {param} is not passed on"
-        script = re.search(r"python (\S+\.py)", entry["command"]).group(1)
-        assert (ROOT / script).is_file(), script
+        # `-m` from the project folder: MLflow's environment holds the dependencies, not the tracker.
+        module = re.match(r"python -m (experiments\.\w+) ", entry["command"]).group(1)
+        assert (ROOT / (module.replace(".", "/") + ".py")).is_file(), module
 
 
 def test_ci_runs_the_readme_test_command():
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```bash\n(.*?)\n```", readme, flags=re.S)
     main_command, test_command = blocks[0].strip(), blocks[1].strip()
-    assert "mlflow run ." in main_command and "--env-manager local" in main_command
+    assert "mlflow run ." in main_command and "--env-manager" not in main_command
     assert test_command in (ROOT / ".ci" / "run").read_text()
 
 
