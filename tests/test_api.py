@@ -11,8 +11,9 @@ from mlflow import MlflowClient
 import tracker
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
 from tracker.settings import resolve_tracking_uri
+from tests.conftest import FAST_SPEEDUP
 
-FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
 
 
 @pytest.fixture

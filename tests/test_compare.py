@@ -11,10 +11,10 @@ from mlflow import MlflowClient
 
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tests.conftest import isolate_mlflow, new_sqlite_store
+from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
-FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
                      trace_levels=(1,))
 ATTEMPTS = ["baseline", "ort_opt_disabled", "reference_baseline", "reference_fused_wrong", "broken"]
 
@@ -64,6 +64,8 @@ def test_compare_prints_one_row_per_attempt_and_stars_the_best(tracking, capsys)
     code, out, _ = compare(capsys, "--experiment", "compare", "--study", "cmp")
     assert code == 0
     header, *lines = out.splitlines()
+    notes = [line for line in lines if line.startswith("note: ")]
+    lines = lines[:len(lines) - len(notes)]
     assert header.startswith(f"Study cmp (run {tracking.study_run_id}): 5 attempts, best: ")
     assert "verdict" in lines[0] and "speedup" in lines[0] and "interval" in lines[0]
     rows = {line.split()[1] if line.startswith("*") else line.split()[0]: line for line in lines[1:]}
@@ -71,6 +73,8 @@ def test_compare_prints_one_row_per_attempt_and_stars_the_best(tracking, capsys)
     assert "rejected" in rows["reference_fused_wrong"] and "FAILED" in rows["reference_fused_wrong"]
     assert "failed: ModelError" in rows["broken"]
     assert sum(line.startswith("*") for line in lines) == 1
+    inconclusive = [name for name, line in rows.items() if " inconclusive " in line]
+    assert [n.split(":")[1].strip() for n in notes if "could detect" in n] == inconclusive
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ from mlflow import MlflowClient
 
 from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig, mlflow_log, report
 from tracker import columns as C
-from tests.conftest import isolate_mlflow, new_sqlite_store
+from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.report import AttemptRow
 
-FAST = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
                      trace_levels=(1,))
 
 

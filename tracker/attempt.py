@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
+from typing import TypeVar
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import pandas as pd
 
 from tracker import aggregate
 from tracker import reference_runtime as ref
+from tracker.cpu_load import watch_cpu_load
 from tracker.feeds import check_feeds
 from tracker.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.latency import Latency, TimingConfig, time_runs
@@ -23,14 +24,13 @@ from tracker.ort_runtime import SessionConfig, make_session, profile_ort
 from tracker.output_diff import FP32, OutputDiff, Tolerance
 from tracker.lm_diff import LogitsDiff, LogitsTolerance
 from tracker.profile_parse import Profile, parse_profile
-from tracker.speedup import Speedup, estimate_speedup, time_interleaved
+from tracker.speedup import Speedup, SpeedupConfig, measure_speedup
 from tracker.steps import StepTimes
 
 logger = logging.getLogger(__name__)
 
 RUNTIMES = ("onnxruntime", "reference")
 TRACE_LEVELS = (1, 2, 3, 4)
-MIN_PAIRS = 10
 
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
@@ -56,13 +56,15 @@ class MeasureConfig:
     Attributes:
         profile_runs: runs of the profiled session (the first is a warm-up).
         skip_runs: leading profiled runs left out of the per-op aggregates.
-        timing: the unprofiled latency loop.
+        timing: the unprofiled latency loop (the attempt's own session settings).
+        speedup: the interleaved timing against the baseline.
         trace_levels: ReferenceEvaluator verbose levels logged as text (reference runtime only).
     """
 
     profile_runs: int = 20
     skip_runs: int = 1
     timing: TimingConfig = field(default_factory=TimingConfig)
+    speedup: SpeedupConfig = field(default_factory=SpeedupConfig)
     trace_levels: tuple[int, ...] = TRACE_LEVELS
 
     def __post_init__(self) -> None:
@@ -83,6 +85,7 @@ class MeasureConfig:
             "measure.warmup_runs": str(self.timing.warmup_runs),
             "measure.min_runs": str(self.timing.min_runs),
             "measure.min_seconds": str(self.timing.min_seconds),
+            **self.speedup.params(),
         }
 
 
@@ -160,6 +163,8 @@ class AttemptResult:
     verdict: str | None = None  # "baseline", or one of tracker.speedup.VERDICTS
     ort_loadable: bool = True  # False for a custom-domain op ONNX Runtime does not know
     steps: StepTimes = field(default_factory=StepTimes)
+    cpu_load: dict[str, float] = field(default_factory=dict)  # other processes' share of the CPU, by step
+    disturbed_steps: list[str] = field(default_factory=list)  # steps that stayed disturbed after a retry
     extra_metrics: dict[str, float] = field(default_factory=dict)
     error: str | None = None
     run_id: str | None = None
@@ -226,28 +231,25 @@ def measure_attempt(
         run = _runner(attempt, model)
     with steps.step("latency"):
         result.outputs = run(feeds)
-        result.latency = time_runs(lambda: run(feeds), config.timing)
+        result.latency = _undisturbed(result, "latency", lambda: time_runs(lambda: run(feeds), config.timing))
         for label, extra in latency_feeds.items():
             logger.info("attempt %s: timing %s", attempt.name, label)
             run(extra)
             result.latencies[label] = time_runs(lambda: run(extra), config.timing)
+    run = None  # free this session before the next ones: a GPT-2 session holds ~1 GB
     if reference is not None:
-        logger.info("attempt %s: timing interleaved with %s", attempt.name, reference.name)
-        with steps.step("session"):
-            run_reference = _runner(reference, reference.load() if reference.runtime == "reference" else None)
+        logger.info("attempt %s: timing against %s in %d rounds", attempt.name, reference.name, config.speedup.rounds)
         with steps.step("speedup"):
-            # a bootstrap interval needs a few pairs, whatever the latency loop was told
-            timing = dataclasses.replace(config.timing, min_runs=max(config.timing.min_runs, MIN_PAIRS))
-            pairs = time_interleaved(lambda: run_reference(feeds), lambda: run(feeds), timing)
-            result.speedup = estimate_speedup(*pairs)
-        run_reference = None  # free the baseline's session before profiling
-    run = None  # and this one's: a GPT-2 session holds ~1 GB
+            result.speedup = time_against(attempt, reference, feeds, config.speedup, model=model)
+        result.cpu_load["speedup"] = result.speedup.other_load
+        if result.speedup.disturbed_rounds:
+            result.disturbed_steps.append("speedup")
     logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
     if attempt.runtime == "onnxruntime":
         with steps.step("profiling"):
-            profiled = profile_ort(
+            profiled = _undisturbed(result, "profiling", lambda: profile_ort(
                 attempt.model, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir
-            )
+            ))
         result.profile_path = profiled.profile_path
         result.optimized_model_path = profiled.optimized_model_path
         result.profiled_latency = profiled.latency
@@ -255,7 +257,9 @@ def measure_attempt(
             result.profile = parse_profile(profiled.profile_path)
     else:
         with steps.step("profiling"):
-            result.profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs)
+            result.profile = _undisturbed(result, "profiling", lambda: ref.profile_reference(
+                model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs
+            ))
         result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
         for level in config.trace_levels:
             result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)
@@ -267,16 +271,68 @@ def measure_attempt(
 
 
 def _runner(
-    attempt: Attempt, model: onnx.ModelProto | None
+    attempt: Attempt, model: onnx.ModelProto | None, *, stop_spinning_after_run: bool = False
 ) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
     """One inference of `attempt` in its runtime, session or evaluator created once (`model` is only
     needed by the reference runtime)."""
     if attempt.runtime == "onnxruntime":
         # a path keeps large models out of this process's memory: ORT reads the file itself
-        session = make_session(attempt.model, attempt.session)
+        session = make_session(attempt.model, attempt.session, stop_spinning_after_run=stop_spinning_after_run)
         return lambda feeds: session.run(None, dict(feeds))
     evaluator = ref.make_evaluator(model, new_ops=attempt.new_ops)
     return lambda feeds: evaluator.run(None, dict(feeds))
+
+
+def time_against(
+    attempt: Attempt,
+    reference: Attempt,
+    feeds: Mapping[str, np.ndarray],
+    config: SpeedupConfig,
+    *,
+    model: onnx.ModelProto | None = None,
+) -> Speedup:
+    """The speed-up of `attempt` over `reference` on `feeds`, timed in rounds of fresh sessions
+    (`tracker.speedup.measure_speedup`) whose threads stop spinning when a run returns.
+
+    Args:
+        model: `attempt`'s model as already loaded, to spare loading it again (reference runtime).
+    """
+    if model is None and attempt.runtime == "reference":
+        model = attempt.load()
+    reference_model = reference.load() if reference.runtime == "reference" else None
+    return measure_speedup(
+        lambda: _comparison_runner(reference, reference_model, feeds),
+        lambda: _comparison_runner(attempt, model, feeds),
+        config,
+    )
+
+
+def _comparison_runner(attempt: Attempt, model: onnx.ModelProto | None, feeds: Mapping[str, np.ndarray]):
+    """A fresh session of `attempt` for the interleaved timing, whose threads stop spinning when a run
+    returns (so they leave the cores to the other session's run), bound to `feeds`."""
+    run = _runner(attempt, model, stop_spinning_after_run=True)
+    feeds = dict(feeds)
+    return lambda: run(feeds)
+
+
+T = TypeVar("T")
+
+
+def _undisturbed(result: AttemptResult, step: str, measure: Callable[[], T]) -> T:
+    """Runs a measuring step, and once more if other processes took the CPU meanwhile. The other
+    processes' load of the run kept goes to `result.cpu_load[step]`; a step disturbed twice is listed in
+    `result.disturbed_steps`."""
+    for tries in (1, 2):
+        with watch_cpu_load() as load:
+            value = measure()
+        if not load.disturbed:
+            break
+        logger.warning("attempt %s: other processes used %.0f%% of the CPU during %s; %s", result.attempt.name,
+                       100 * load.other_load, step, "measuring it again" if tries == 1 else "flagged as disturbed")
+    else:
+        result.disturbed_steps.append(step)
+    result.cpu_load[step] = load.other_load
+    return value
 
 
 def diff_against(result: AttemptResult, baseline: AttemptResult, *, skip_runs: int) -> dict[str, pd.DataFrame]:

@@ -95,6 +95,8 @@ def row_from_run(run: FetchedRun) -> AttemptRow:
         speedup=metrics.get("latency.speedup"),
         speedup_ci_low=metrics.get("latency.speedup_ci_low"),
         speedup_ci_high=metrics.get("latency.speedup_ci_high"),
+        speedup_mde=metrics.get("latency.speedup_mde"),
+        disturbed=tags.get(mlflow_log.TAG_DISTURBED) or None,
         diff_passed=None if passed is None else bool(passed),
         diff_max_abs=metrics.get("diff.max_abs"),
         top1_agreement=metrics.get("diff.top1_agreement"),
@@ -123,12 +125,14 @@ def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Req
 
 
 def format_table(comparison: Comparison) -> str:
-    """The attempts as a plain-text table; `*` marks the best attempt."""
+    """The attempts as a plain-text table (`*` marks the best attempt), then a line on each attempt whose
+    speed-up is below what its measurement could detect, or whose measurement was disturbed."""
     from tracker import report
+    from tracker.speedup import describe
 
-    head = ("", "attempt", "runtime", "verdict", "p50_ms", "speedup", "interval", "accuracy", "nodes",
+    head = ("", "attempt", "runtime", "verdict", "p50_ms", "speedup", "interval", "detects", "accuracy", "nodes",
             "size_bytes", "status")
-    lines = []
+    lines, notes = [], []
     for label, r in zip(report.attempt_labels(comparison.rows), comparison.rows):
         accuracy = "-" if r.diff_passed is None else (
             f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g})")
@@ -136,13 +140,20 @@ def format_table(comparison: Comparison) -> str:
             accuracy += f" top1 {r.top1_agreement:.1%}"
         interval = "-" if r.speedup_ci_low is None else (
             f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}]")
+        detects = "-" if r.speedup_mde is None or r.verdict == "baseline" else f"\u00b1{r.speedup_mde:.1%}"
+        status = f"failed: {r.error[:100]}" if r.failed else r.status
+        if r.disturbed and not r.failed:
+            status += f" (disturbed: {r.disturbed})"
+            notes.append(f"note: {label}: other processes used the CPU while its {r.disturbed} was measured; "
+                         "its figures are not reliable, measure it again on a quiet machine")
+        if r.verdict == "inconclusive" and not r.failed:
+            notes.append(f"note: {label}: {describe(r.speedup, r.speedup_mde, r.verdict)}")
         lines.append((
             "*" if r.attempt == comparison.best else "", label, r.runtime or "-",
             ("failed" if r.failed else r.verdict) or "-", _fmt(r.p50_ms, ".4f"), _fmt(r.speedup, ".3f"),
-            interval, accuracy, _fmt(r.node_count, "d"), _fmt(r.size_bytes, ",d"),
-            f"failed: {r.error[:100]}" if r.failed else r.status,
+            interval, detects, accuracy, _fmt(r.node_count, "d"), _fmt(r.size_bytes, ",d"), status,
         ))
-    numeric = {"p50_ms", "speedup", "nodes", "size_bytes"}
+    numeric = {"p50_ms", "speedup", "detects", "nodes", "size_bytes"}
     widths = [max(len(str(c)) for c in column) for column in zip(head, *lines)]
     text = [
         "  ".join(c.rjust(w) if h in numeric else c.ljust(w) for h, c, w in zip(head, line, widths)).rstrip()
@@ -150,7 +161,8 @@ def format_table(comparison: Comparison) -> str:
     ]
     best = comparison.best or "none (no attempt passed)"
     run = f" (run {comparison.study_run_id})" if comparison.study_run_id else ""
-    return f"{comparison.title}{run}: {len(comparison.rows)} attempts, best: {best}\n" + "\n".join(text)
+    return (f"{comparison.title}{run}: {len(comparison.rows)} attempts, best: {best}\n" + "\n".join(text)
+            + "".join(f"\n{note}" for note in notes))
 
 
 def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict[str, object]:

@@ -7,16 +7,22 @@ import logging
 
 from tracker.attempt import MeasureConfig
 from tracker.latency import TimingConfig
+from tracker.speedup import SpeedupConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
 
 
 def add_measure_args(parser: argparse.ArgumentParser) -> None:
-    """Adds --profile-runs, --skip-runs, --min-runs, --min-seconds, --threads, --experiment."""
+    """Adds --profile-runs, --skip-runs, --min-runs, --min-seconds, --speedup-rounds, --speedup-seconds,
+    --threads, --experiment."""
     parser.add_argument("--profile-runs", type=_positive_int, default=20, help="runs of the profiled session")
     parser.add_argument("--skip-runs", type=_non_negative_int, default=1, help="warm-up runs left out of per-op tables")
     parser.add_argument("--min-runs", type=_positive_int, default=50, help="latency: at least this many runs")
     parser.add_argument("--min-seconds", type=_non_negative_float, default=1.0, help="latency: at least this long")
+    parser.add_argument("--speedup-rounds", type=_rounds, default=SpeedupConfig.rounds,
+                        help="speed-up: rounds of fresh sessions timed against the baseline (>= 3)")
+    parser.add_argument("--speedup-seconds", type=_non_negative_float, default=SpeedupConfig.seconds,
+                        help="speed-up: seconds of interleaved timing per attempt, all rounds together")
     parser.add_argument("--threads", type=_non_negative_int, default=0, help="ORT intra-op threads (0: core count)")
     parser.add_argument(
         "--experiment", default=DEFAULT_EXPERIMENT,
@@ -27,7 +33,8 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
     """The `MeasureConfig` the parsed options describe."""
     timing = TimingConfig(min_runs=args.min_runs, min_seconds=args.min_seconds)
-    return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing)
+    speedup = SpeedupConfig(rounds=args.speedup_rounds, seconds=args.speedup_seconds)
+    return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing, speedup=speedup)
 
 
 def session_kwargs(args: argparse.Namespace) -> dict[str, int]:
@@ -44,6 +51,10 @@ def setup_logging() -> None:
 # MLflow passes every MLproject parameter as a string and does not validate its type.
 def _positive_int(text: str) -> int:
     return _checked(text, int, lambda v: v >= 1, "an integer >= 1")
+
+
+def _rounds(text: str) -> int:
+    return _checked(text, int, lambda v: v >= 3, "an integer >= 3")
 
 
 def _non_negative_int(text: str) -> int:

@@ -37,6 +37,7 @@ TAG_DIFF = "tracker.diff"
 TAG_ROLE = "tracker.role"
 TAG_BEST = "tracker.best_attempt"
 TAG_VERDICT = "tracker.verdict"
+TAG_DISTURBED = "tracker.disturbed"  # measuring steps other processes disturbed, e.g. "latency,profiling"
 _MAX_TAG_CHARS = 5000
 
 

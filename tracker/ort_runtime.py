@@ -77,8 +77,14 @@ def make_session(
     *,
     profile_prefix: str | Path | None = None,
     optimized_model_path: str | Path | None = None,
+    stop_spinning_after_run: bool = False,
 ):
     """Creates an `onnxruntime.InferenceSession` with `config`'s settings.
+
+    Args:
+        stop_spinning_after_run: the intra-op threads stop spinning when a run returns (ORT's
+            `session.force_spinning_stop`); they still spin inside a run. Two sessions timed in turn
+            need it: spinning threads of one would otherwise take the cores from the other's run.
 
     Raises:
         ModelError: ONNX Runtime refuses the model; the message carries ORT's reason.
@@ -97,6 +103,8 @@ def make_session(
     options.inter_op_num_threads = config.inter_op_num_threads
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
+    if stop_spinning_after_run:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if profile_prefix is not None:
         options.enable_profiling = True
         options.profile_file_prefix = str(profile_prefix)

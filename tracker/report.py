@@ -26,6 +26,8 @@ P50_MS = "p50_ms"
 SPEEDUP = "speedup"
 SPEEDUP_CI_LOW = "speedup_ci_low"
 SPEEDUP_CI_HIGH = "speedup_ci_high"
+SPEEDUP_MDE = "speedup_mde"  # smallest change the speed-up measurement could detect (0.03 = 3 %)
+DISTURBED = "disturbed"  # measuring steps other processes disturbed ("latency,profiling"), else None
 DIFF_PASSED = "diff_passed"
 DIFF_MAX_ABS = "diff_max_abs"
 TOP1 = "top1_agreement"  # language-model checks only
@@ -34,7 +36,7 @@ NODE_COUNT = "node_count"
 ERROR = "error"
 RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
-                   DIFF_PASSED, DIFF_MAX_ABS, TOP1, SIZE_BYTES, NODE_COUNT, ERROR, RUN_ID)
+                   SPEEDUP_MDE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, SIZE_BYTES, NODE_COUNT, ERROR, RUN_ID)
 # First column of the wide tables (op type rows x attempt columns).
 OP_TYPE = "op_type"
 
@@ -58,6 +60,8 @@ class AttemptRow:
     speedup: float | None = None
     speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
+    speedup_mde: float | None = None
+    disturbed: str | None = None
     diff_passed: bool | None = None
     diff_max_abs: float | None = None
     top1_agreement: float | None = None
@@ -110,6 +114,8 @@ def rows_from_results(
             speedup=speedup.speedup if speedup else (1.0 if r.verdict == "baseline" else None),
             speedup_ci_low=speedup.ci_low if speedup else (1.0 if r.verdict == "baseline" else None),
             speedup_ci_high=speedup.ci_high if speedup else (1.0 if r.verdict == "baseline" else None),
+            speedup_mde=speedup.mde if speedup else None,
+            disturbed=",".join(r.disturbed_steps) or None,
             diff_passed=bool(diff.passed) if diff is not None else None,
             diff_max_abs=float(diff.max_abs) if diff is not None else None,
             top1_agreement=getattr(diff, "top1_agreement", None),

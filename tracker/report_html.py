@@ -12,6 +12,7 @@ from tracker.report import (
     BEST,
     DIFF_MAX_ABS,
     DIFF_PASSED,
+    DISTURBED,
     ERROR,
     NODE_COUNT,
     OP_TYPE,
@@ -21,13 +22,15 @@ from tracker.report import (
     SPEEDUP,
     SPEEDUP_CI_HIGH,
     SPEEDUP_CI_LOW,
+    SPEEDUP_MDE,
     STATUS,
     TOP1,
     VERDICT,
 )
+from tracker.speedup import describe
 
 VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101", "inconclusive": "#878787",
-                  "rejected": "#a50026", "failed": "#222222"}
+                  "rejected": "#a50026", "failed": "#222222", "disturbed": "#b8860b"}
 _TOP_OPS = 12
 _OTHER = "(other)"
 
@@ -110,14 +113,17 @@ td.error{white-space:normal;max-width:32em;text-align:left;color:#a50026}
 section.figure{margin-bottom:1.5em}
 """ + "".join(f".v-{v}{{background:{c}}}\nth.v-{v}{{border-bottom:4px solid {c};background:#f4f4f4}}\n"
               for v, c in VERDICT_COLORS.items())
-_TIMING_NOTE = ("p50 latency is the attempt's own timing loop; the speed-up and its interval come from runs "
-                "interleaved with the runtime's baseline, which cancels drift: on a noisy machine the two can "
-                "disagree, and the speed-up is the one to trust.")
+_TIMING_NOTE = ("p50 latency is the attempt's own timing loop, under its own session settings; the speed-up "
+                "and its 95 % interval come from rounds of fresh sessions timed in turn with the runtime's "
+                "baseline (threads stop spinning between runs), which cancels drift: on a noisy machine the "
+                "two can disagree, and the speed-up is the one to trust. A change smaller than what the "
+                "measurement could detect is not a finding either way.")
 _VERDICT_MEANING = {
     "baseline": "the runtime's reference",
     "better": "accuracy passed, faster beyond the noise (whole interval above 1)",
     "worse": "accuracy passed, slower beyond the noise (whole interval below 1)",
-    "inconclusive": "accuracy passed, the interval contains 1: not a win",
+    "inconclusive": "accuracy passed, no difference beyond the noise (the interval contains 1, or the change "
+                    "is under 2 %)",
     "rejected": "accuracy check failed",
     "failed": "the attempt crashed",
 }
@@ -170,6 +176,13 @@ def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
         badge = f'<span class="verdict v-{_e(verdict_)}">{_e(verdict_)}</span>' if verdict_ else _NA
         speedup = (f"{row[SPEEDUP]:.3f}x [{_num(row[SPEEDUP_CI_LOW], '.3f')}, {_num(row[SPEEDUP_CI_HIGH], '.3f')}]"
                    if _present(row[SPEEDUP]) else _NA)
+        meaning = describe(row[SPEEDUP] if _present(row[SPEEDUP]) else None,
+                           row[SPEEDUP_MDE] if _present(row[SPEEDUP_MDE]) else None, verdict_)
+        if meaning:
+            speedup += f'<br><span class="muted">{_e(meaning)}</span>'
+        if _present(row[DISTURBED]) and not failed:
+            badge += (f' <span class="verdict v-disturbed" title="other processes used the CPU while this was '
+                      f'measured">disturbed: {_e(row[DISTURBED])}</span>')
         if _present(row[DIFF_PASSED]):
             mark = '<span class="ok">passed</span>' if row[DIFF_PASSED] else '<span class="bad">failed</span>'
             accuracy = f"{mark}, max |diff| {_num(row[DIFF_MAX_ABS], '.2g')}"

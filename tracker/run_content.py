@@ -14,7 +14,7 @@ from tracker.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.environment import fingerprint
 from tracker.keys import metric_keys
 from tracker.record import AttemptRecord
-from tracker.speedup import Speedup
+from tracker.speedup import BASELINE_SPEEDUP
 
 
 def fill_record(
@@ -34,6 +34,8 @@ def fill_record(
     record.tags = {mlflow_log.TAG_STATUS: "ok" if result.diff.passed else "diff_failed",
                    mlflow_log.TAG_DIFF: "passed" if result.diff.passed else "failed",
                    mlflow_log.TAG_VERDICT: result.verdict}
+    if result.disturbed_steps:
+        record.tags[mlflow_log.TAG_DISTURBED] = ",".join(result.disturbed_steps)
     if attempt.description:
         record.tags["mlflow.note.content"] = attempt.description
     record.artifact_dir = str(artifacts.folder)
@@ -99,7 +101,9 @@ def measured_metrics(result: AttemptResult, reference: AttemptResult | None, tab
     if result.speedup is not None:
         metrics.update(result.speedup.metrics())
     elif reference is result:
-        metrics.update(Speedup(1.0, 1.0, 1.0, 0.95, 0).metrics())
+        metrics.update(BASELINE_SPEEDUP.metrics())
+    metrics.update({f"measure.other_load.{step}": load for step, load in result.cpu_load.items()})
+    metrics["measure.disturbed"] = float(bool(result.disturbed_steps))
     for label, latency in result.latencies.items():
         metrics.update(latency.metrics(prefix=f"latency.{label}"))
         if reference is not None and label in reference.latencies:
@@ -144,6 +148,8 @@ def summary_row(result: AttemptResult, reference: AttemptResult | None) -> dict[
         "speedup": result.speedup.speedup if result.speedup else None,
         "speedup_ci_low": result.speedup.ci_low if result.speedup else None,
         "speedup_ci_high": result.speedup.ci_high if result.speedup else None,
+        "speedup_mde": result.speedup.mde if result.speedup else None,
+        "disturbed": ",".join(result.disturbed_steps) or None,
         "p50_ms": result.latency.p50_ms if result.latency else None,
         "speedup_vs_baseline": speedup,
         "diff_max_abs": result.diff.max_abs if result.diff else None,

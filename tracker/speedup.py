@@ -1,30 +1,118 @@
-"""Speed-up of an attempt over its baseline with a bootstrap confidence interval, and the verdict."""
+"""Speed-up of an attempt over its baseline: interleaved timing in rounds of fresh sessions, the
+interval over rounds, the smallest change it could detect, and the verdict.
+
+Why it is measured this way (each point was an A/A failure before; the README's "How sure is a verdict"
+has the figures):
+- Both models run in the same process, in alternating blocks (B A, A B, ...), so drift and other load hit
+  both alike. ONNX Runtime's threads spin after a run and would steal the cores from the other session,
+  so the two sessions stop spinning when a run returns (`SessionConfig.stop_spinning_after_run`).
+- A timed sample is a block of calls lasting at least `block_ms`: a model that runs in microseconds no
+  longer ties at the timer's resolution, which collapsed the bootstrap of the median to a zero-width interval.
+- Sessions are created anew for every round, in alternating order, and the interval is a Student t
+  interval over the rounds' estimates, so the differences between two sessions of one model (memory
+  placement, kernel choice) count as noise instead of showing up as a "significant" A/A speed-up.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tracker.latency import TimingConfig
+from tracker.cpu_load import watch_cpu_load
+
+logger = logging.getLogger(__name__)
 
 VERDICTS = ("better", "worse", "inconclusive", "rejected")
-# Smallest speed-up change worth a verdict. With tens of thousands of interleaved pairs (a model that
-# runs in microseconds) the interval gets so narrow that a 1 % order effect would count as a change.
+# Smallest speed-up change worth a verdict: even a calibrated interval can exclude 1 for a 1 % change
+# that no user would ship for.
 MIN_EFFECT = 0.02
+# The minimum detectable effect is the change a measurement like this one finds 4 times in 5.
+MDE_POWER = 0.8
+
+Runner = Callable[[], object]  # one inference
+MakeRunner = Callable[[], Runner]  # a fresh session (or evaluator) and its inference
+
+
+@dataclass(frozen=True)
+class SpeedupConfig:
+    """How an attempt is timed against its baseline.
+
+    Attributes:
+        rounds: fresh pairs of sessions; the interval is over their estimates (>= 3).
+        seconds: timing per attempt in all (session creation excluded), split evenly over the rounds.
+        min_pairs: block pairs per round, at least, whatever `seconds` says.
+        block_ms: a timed block of calls lasts at least this long.
+        warmup_runs: untimed runs of each session at the start of a round.
+        confidence: of the interval, e.g. 0.95.
+        redo_disturbed: rounds timed again, in all, when other processes kept the cores busy.
+    """
+
+    rounds: int = 5
+    seconds: float = 2.0
+    min_pairs: int = 8
+    block_ms: float = 2.0
+    warmup_runs: int = 2
+    confidence: float = 0.95
+    redo_disturbed: int = 2
+
+    def __post_init__(self) -> None:
+        if self.rounds < 3:
+            raise ValueError(f"rounds must be >= 3 (the interval is over rounds), got {self.rounds}")
+        if self.seconds < 0 or self.block_ms < 0:
+            raise ValueError(f"seconds and block_ms must be >= 0, got {self.seconds} and {self.block_ms}")
+        if self.min_pairs < 1 or self.warmup_runs < 0 or self.redo_disturbed < 0:
+            raise ValueError(
+                f"min_pairs must be >= 1, warmup_runs and redo_disturbed >= 0; got {self.min_pairs}, "
+                f"{self.warmup_runs}, {self.redo_disturbed}"
+            )
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
+
+    def params(self) -> dict[str, str]:
+        return {
+            "measure.speedup_rounds": str(self.rounds),
+            "measure.speedup_seconds": str(self.seconds),
+            "measure.speedup_block_ms": str(self.block_ms),
+            "measure.confidence": str(self.confidence),
+        }
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round: per-call seconds of each block, pair by pair, and the load of other processes."""
+
+    baseline_s: np.ndarray
+    attempt_s: np.ndarray
+    calls_per_block: int = 1
+    other_load: float = 0.0
+    disturbed: bool = False
+
+    @property
+    def log_ratio(self) -> float:
+        """Median over the block pairs of log(baseline / attempt): > 0 when the attempt is faster."""
+        return float(np.median(np.log(self.baseline_s / self.attempt_s)))
 
 
 @dataclass(frozen=True)
 class Speedup:
-    """Median baseline latency / median attempt latency, with a bootstrap interval.
+    """Baseline time / attempt time, with its interval and what it could detect.
 
     Attributes:
-        speedup: > 1 means the attempt is faster.
-        ci_low, ci_high: the `confidence` bootstrap interval of `speedup`.
+        speedup: > 1 means the attempt is faster (the geometric mean of the rounds' median pair ratios).
+        ci_low, ci_high: the `confidence` interval of `speedup`.
         confidence: e.g. 0.95.
-        pairs: interleaved (baseline, attempt) run pairs it was estimated from.
+        pairs: timed block pairs, all rounds together.
+        rounds: rounds (fresh session pairs) the interval is over.
+        mde: the smallest relative change (0.03 = 3 %) this measurement detects with 80 % power,
+            never below MIN_EFFECT; a difference under it is not a finding either way.
+        calls_per_block: inferences per timed block (the largest over the rounds).
+        other_load: the largest share of the machine's CPU that other processes took during a round.
+        disturbed_rounds: rounds kept although other processes disturbed them (after the redos).
     """
 
     speedup: float
@@ -32,6 +120,11 @@ class Speedup:
     ci_high: float
     confidence: float
     pairs: int
+    rounds: int = 0
+    mde: float = MIN_EFFECT
+    calls_per_block: int = 1
+    other_load: float = 0.0
+    disturbed_rounds: int = 0
 
     @property
     def verdict(self) -> str:
@@ -49,7 +142,13 @@ class Speedup:
             "latency.speedup_ci_low": self.ci_low,
             "latency.speedup_ci_high": self.ci_high,
             "latency.speedup_pairs": float(self.pairs),
+            "latency.speedup_rounds": float(self.rounds),
+            "latency.speedup_mde": self.mde,
+            "latency.speedup_calls_per_block": float(self.calls_per_block),
         }
+
+
+BASELINE_SPEEDUP = Speedup(1.0, 1.0, 1.0, 0.95, 0, mde=0.0)  # what a baseline run carries
 
 
 def verdict(speedup: Speedup | None, *, accuracy_passed: bool) -> str:
@@ -59,57 +158,121 @@ def verdict(speedup: Speedup | None, *, accuracy_passed: bool) -> str:
     return speedup.verdict if speedup is not None else "inconclusive"
 
 
-def time_interleaved(
-    run_baseline: Callable[[], object], run_attempt: Callable[[], object], timing: TimingConfig
-) -> tuple[np.ndarray, np.ndarray]:
-    """Times baseline and attempt alternately, so drift on a noisy machine hits both alike.
+def describe(speedup: float | None, mde: float | None, verdict_: str | None) -> str:
+    """One sentence on what a verdict means, for the report and `tracker compare`."""
+    if speedup is None or verdict_ not in ("better", "worse", "inconclusive"):
+        return ""
+    change = f"{abs(speedup - 1):.1%} {'faster' if speedup >= 1 else 'slower'}"
+    if verdict_ != "inconclusive":
+        return f"{change}, beyond the noise"
+    floor = f"{max(mde or 0.0, MIN_EFFECT):.1%}"
+    return f"{change}: below the {floor} this measurement could detect, so no difference was found"
 
-    The order inside each pair alternates too (B A, A B, ...). Runs until `timing.min_runs` pairs
-    and `timing.min_seconds` seconds (or `timing.max_runs` pairs) after `timing.warmup_runs` of each.
 
-    Returns:
-        Per-run seconds of the baseline and of the attempt, pair by pair.
+def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig) -> list[Round]:
+    """Times baseline and attempt in `config.rounds` rounds, each with freshly made sessions.
+
+    In a round, the two sessions are made (the first one made alternates between rounds), warmed up,
+    then timed in alternating blocks (B A, A B, ...) of the same number of calls, at least
+    `config.block_ms` long for the faster of the two, until `config.min_pairs` pairs and the round's
+    share of `config.seconds` are reached. A round during which other processes took more than
+    `tracker.cpu_load.DISTURBED_LOAD` of the machine is timed again, up to `config.redo_disturbed` times
+    in all.
     """
-    for _ in range(timing.warmup_runs):
+    round_seconds = config.seconds / config.rounds
+    rounds: list[Round] = []
+    redone = 0
+    while len(rounds) < config.rounds:
+        index = len(rounds) + redone
+        timed = _time_round(make_baseline, make_attempt, config, round_seconds, attempt_first=index % 2 == 1)
+        logger.info(
+            "speed-up round %d/%d: %d pairs of %d call(s), median ratio %.4f, other load %.0f%%",
+            len(rounds) + 1, config.rounds, timed.baseline_s.size, timed.calls_per_block,
+            math.exp(timed.log_ratio), 100 * timed.other_load,
+        )
+        if timed.disturbed and redone < config.redo_disturbed:
+            redone += 1
+            logger.warning("speed-up round disturbed: other processes used %.0f%% of the CPU; timing it again",
+                           100 * timed.other_load)
+            continue
+        rounds.append(timed)
+    return rounds
+
+
+def _time_round(
+    make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig, seconds: float, *, attempt_first: bool
+) -> Round:
+    if attempt_first:
+        run_attempt = make_attempt()
+        run_baseline = make_baseline()
+    else:
+        run_baseline = make_baseline()
+        run_attempt = make_attempt()
+    for _ in range(config.warmup_runs):
         run_baseline()
         run_attempt()
+    per_call = min(_time_block(run_baseline, 1), _time_block(run_attempt, 1))
+    calls = max(1, math.ceil(config.block_ms * 1e-3 / max(per_call, 1e-9)))
     base, attempt = [], []
-    start = time.perf_counter()
-    while len(base) < timing.max_runs:
-        order = ((run_baseline, base), (run_attempt, attempt))
-        for fn, samples in order if len(base) % 2 == 0 else order[::-1]:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        if len(base) >= timing.min_runs and time.perf_counter() - start >= timing.min_seconds:
-            break
-    return np.asarray(base), np.asarray(attempt)
+    with watch_cpu_load() as load:
+        start = time.perf_counter()
+        while len(base) < config.min_pairs or time.perf_counter() - start < seconds:
+            if len(base) % 2 == 0:
+                base.append(_time_block(run_baseline, calls))
+                attempt.append(_time_block(run_attempt, calls))
+            else:
+                attempt.append(_time_block(run_attempt, calls))
+                base.append(_time_block(run_baseline, calls))
+    return Round(np.asarray(base), np.asarray(attempt), calls, load.other_load, load.disturbed)
 
 
-def estimate_speedup(
-    baseline_s: np.ndarray,
-    attempt_s: np.ndarray,
-    *,
-    confidence: float = 0.95,
-    resamples: int = 2000,
-    seed: int = 0,
-) -> Speedup:
-    """Bootstrap (resampling pairs) of median(baseline) / median(attempt).
+def _time_block(run: Runner, calls: int) -> float:
+    """Seconds per call over `calls` back-to-back calls."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        run()
+    return (time.perf_counter() - t0) / calls
+
+
+def estimate_speedup(rounds: Sequence[Round], *, confidence: float = 0.95) -> Speedup:
+    """The speed-up, its Student t interval over the rounds, and the smallest change it could detect.
+
+    Each round gives the median of its block pairs' log ratios; the rounds are the independent units
+    (each has its own sessions), so the spread between them carries every source of noise at once.
 
     Raises:
-        ValueError: the samples are not paired or too few (< 5 pairs).
+        ValueError: fewer than 3 rounds, unpaired samples, or times that are not positive.
     """
-    baseline_s, attempt_s = np.asarray(baseline_s, float), np.asarray(attempt_s, float)
-    if baseline_s.shape != attempt_s.shape or baseline_s.ndim != 1:
-        raise ValueError(f"need paired 1-D samples, got shapes {baseline_s.shape} and {attempt_s.shape}")
-    if baseline_s.size < 5:
-        raise ValueError(f"need at least 5 pairs for an interval, got {baseline_s.size}")
+    from scipy import stats
+
+    if len(rounds) < 3:
+        raise ValueError(f"need at least 3 rounds for an interval, got {len(rounds)}")
+    for r in rounds:
+        if r.baseline_s.shape != r.attempt_s.shape or r.baseline_s.ndim != 1 or r.baseline_s.size == 0:
+            raise ValueError(f"need paired 1-D samples, got shapes {r.baseline_s.shape} and {r.attempt_s.shape}")
+        if not (np.all(r.baseline_s > 0) and np.all(r.attempt_s > 0)):
+            raise ValueError("block times must be positive")
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
-    rng = np.random.default_rng(seed)
-    index = rng.integers(0, baseline_s.size, size=(resamples, baseline_s.size))
-    ratios = np.median(baseline_s[index], axis=1) / np.median(attempt_s[index], axis=1)
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(ratios, [tail, 1 - tail])
-    point = float(np.median(baseline_s) / np.median(attempt_s))
-    return Speedup(point, float(low), float(high), confidence, int(baseline_s.size))
+    logs = np.array([r.log_ratio for r in rounds])
+    df = logs.size - 1
+    mean, se = float(logs.mean()), float(logs.std(ddof=1) / math.sqrt(logs.size))
+    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
+    detectable = (float(stats.t.ppf(0.5 + confidence / 2, df)) + float(stats.t.ppf(MDE_POWER, df))) * se
+    return Speedup(
+        speedup=math.exp(mean),
+        ci_low=math.exp(mean - half),
+        ci_high=math.exp(mean + half),
+        confidence=confidence,
+        pairs=int(sum(r.baseline_s.size for r in rounds)),
+        rounds=len(rounds),
+        mde=max(MIN_EFFECT, math.expm1(detectable)),
+        calls_per_block=max(r.calls_per_block for r in rounds),
+        other_load=max(r.other_load for r in rounds),
+        disturbed_rounds=sum(r.disturbed for r in rounds),
+    )
+
+
+def measure_speedup(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig) -> Speedup:
+    """Times the two in rounds (`time_in_rounds`) and estimates the speed-up (`estimate_speedup`)."""
+    return estimate_speedup(time_in_rounds(make_baseline, make_attempt, config), confidence=config.confidence)
