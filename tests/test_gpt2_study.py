@@ -43,7 +43,7 @@ def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tm
                     "diff.kl_divergence", "diff.passed", "graph.node_count", "graph.reshape_removed",
                     "model.size_bytes"):
             assert key in metrics, f"{name} lacks {key}"
-        assert run.data.tags["tracker.verdict"] in ("baseline", "better", "worse", "inconclusive", "rejected")
+        assert run.data.tags["tracker.verdict"] in ("baseline", "better", "worse", "same", "inconclusive", "rejected")
     basic = runs["ort_opt_basic"].data
     assert basic.metrics["fusion.SkipLayerNormalization"] == 4  # 2 layers x 2
     assert basic.metrics["fusion.FastGelu"] == 2

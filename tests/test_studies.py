@@ -12,7 +12,8 @@ import pytest
 from mlflow import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["-P", "profile_runs=4", "-P", "min_runs=5", "-P", "min_seconds=0.02", "-P", "threads=1"]
+FAST = ["-P", "profile_runs=4", "-P", "min_runs=5", "-P", "min_seconds=0.02", "-P", "threads=1",
+        "-P", "speedup_rounds=4", "-P", "speedup_seconds=0"]
 # Keys every attempt carries, whatever the runtime, so the MLflow UI can compare them.
 COMMON_METRICS = {
     "latency.p50_ms",
@@ -160,11 +161,16 @@ def test_main_nests_each_study_under_the_project_run(tmp_path):
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
-def test_a_bad_mlproject_parameter_fails_with_a_message_naming_it(tmp_path):
+@pytest.mark.parametrize(
+    ("param", "option", "expected"),
+    [("profile_runs=zero", "--profile-runs", "'zero'"),
+     ("speedup_rounds=2", "--speedup-rounds", "expected an integer >= 4, got '2'")],
+)
+def test_a_bad_mlproject_parameter_fails_with_a_message_naming_it(tmp_path, param, option, expected):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     command = [sys.executable, "-m", "mlflow", "run", str(ROOT), "-e", "linreg", "--env-manager", "local",
-               "-P", "profile_runs=zero"]
+               "-P", param]
     done = subprocess.run(command, env=with_venv({**os.environ, "MLFLOW_TRACKING_URI": uri}), cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
-    assert "--profile-runs" in done.stderr and "'zero'" in done.stderr
+    assert option in done.stderr and expected in done.stderr

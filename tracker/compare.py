@@ -15,7 +15,7 @@ NO_BEST = "none passed"  # what `Study` tags the parent run with when no attempt
 PASS_RULE = (
     "An attempt passes when a run of that name is among the compared runs, it did not crash (run "
     "FINISHED, tracker.status not 'failed') and its accuracy check passed (diff.passed = 1, verdict not "
-    "'rejected'). Its speed does not matter: 'worse' and 'inconclusive' attempts pass."
+    "'rejected'). Its speed does not matter: 'worse', 'same' and 'inconclusive' attempts pass."
 )
 
 
@@ -146,7 +146,7 @@ def format_table(comparison: Comparison) -> str:
             status += f" (disturbed: {r.disturbed})"
             notes.append(f"note: {label}: other processes used the CPU while its {r.disturbed} was measured; "
                          "its figures are not reliable, measure it again on a quiet machine")
-        if r.verdict == "inconclusive" and not r.failed:
+        if r.verdict in ("same", "inconclusive") and not r.failed:
             notes.append(f"note: {label}: {describe(r.speedup, r.speedup_mde, r.verdict)}")
         lines.append((
             "*" if r.attempt == comparison.best else "", label, r.runtime or "-",

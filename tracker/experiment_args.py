@@ -7,7 +7,7 @@ import logging
 
 from tracker.attempt import MeasureConfig
 from tracker.latency import TimingConfig
-from tracker.speedup import SpeedupConfig
+from tracker.speedup import MIN_ROUNDS, SpeedupConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
 
@@ -20,9 +20,9 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-runs", type=_positive_int, default=50, help="latency: at least this many runs")
     parser.add_argument("--min-seconds", type=_non_negative_float, default=1.0, help="latency: at least this long")
     parser.add_argument("--speedup-rounds", type=_rounds, default=SpeedupConfig.rounds,
-                        help="speed-up: rounds of fresh sessions timed against the baseline (>= 3)")
+                        help=f"speed-up: rounds of fresh sessions timed against the baseline (>= {MIN_ROUNDS})")
     parser.add_argument("--speedup-seconds", type=_non_negative_float, default=SpeedupConfig.seconds,
-                        help="speed-up: seconds of interleaved timing per attempt, all rounds together")
+                        help="speed-up: seconds per attempt, sessions included; more rounds while they last")
     parser.add_argument("--threads", type=_non_negative_int, default=0, help="ORT intra-op threads (0: core count)")
     parser.add_argument(
         "--experiment", default=DEFAULT_EXPERIMENT,
@@ -54,7 +54,7 @@ def _positive_int(text: str) -> int:
 
 
 def _rounds(text: str) -> int:
-    return _checked(text, int, lambda v: v >= 3, "an integer >= 3")
+    return _checked(text, int, lambda v: v >= MIN_ROUNDS, f"an integer >= {MIN_ROUNDS}")
 
 
 def _non_negative_int(text: str) -> int:

@@ -29,7 +29,8 @@ from tracker.report import (
 )
 from tracker.speedup import describe
 
-VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101", "inconclusive": "#878787",
+VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101", "same": "#5e3c99",
+                  "inconclusive": "#878787",
                   "rejected": "#a50026", "failed": "#222222", "disturbed": "#b8860b"}
 _TOP_OPS = 12
 _OTHER = "(other)"
@@ -120,10 +121,10 @@ _TIMING_NOTE = ("p50 latency is the attempt's own timing loop, under its own ses
                 "measurement could detect is not a finding either way.")
 _VERDICT_MEANING = {
     "baseline": "the runtime's reference",
-    "better": "accuracy passed, faster beyond the noise (whole interval above 1)",
-    "worse": "accuracy passed, slower beyond the noise (whole interval below 1)",
-    "inconclusive": "accuracy passed, no difference beyond the noise (the interval contains 1, or the change "
-                    "is under 2 %)",
+    "better": "accuracy passed, faster by at least what the measurement could detect (and 2 %)",
+    "worse": "accuracy passed, slower by at least what the measurement could detect (and 2 %)",
+    "same": "accuracy passed, no change larger than 5 % either way (the whole interval is within +-5 %)",
+    "inconclusive": "accuracy passed, no change found, but the interval is too wide to rule one out",
     "rejected": "accuracy check failed",
     "failed": "the attempt crashed",
 }

@@ -1,6 +1,11 @@
 """Speed-up of an attempt over its baseline: interleaved timing in rounds of fresh sessions, the
 interval over rounds, the smallest change it could detect, and the verdict.
 
+The verdict is "better" or "worse" only for a change at least as large as the measurement could detect
+(`Speedup.mde`, never under 2 %); "same" when the whole interval lies within +-5 %: no change that
+size, which is a finding too; else "inconclusive". A 95 % interval alone excludes 1 in 5 % of A/A
+pairs, and with wide intervals every such miss would have been a false "better" or "worse".
+
 Why it is measured this way (each point was an A/A failure before; the README's "How sure is a verdict"
 has the figures):
 - Both models run in the same process, in alternating blocks (B A, A B, ...), so drift and other load hit
@@ -8,9 +13,15 @@ has the figures):
   so the two sessions stop spinning when a run returns (`SessionConfig.stop_spinning_after_run`).
 - A timed sample is a block of calls lasting at least `block_ms`: a model that runs in microseconds no
   longer ties at the timer's resolution, which collapsed the bootstrap of the median to a zero-width interval.
-- Sessions are created anew for every round, in alternating order, and the interval is a Student t
-  interval over the rounds' estimates, so the differences between two sessions of one model (memory
-  placement, kernel choice) count as noise instead of showing up as a "significant" A/A speed-up.
+- Each block starts with an untimed call: the first run of a session after the other one ran is slow
+  (gpt2-small with 2 threads: ~80 ms against ~55 ms), and without that call a 2-thread baseline against
+  a 1-thread attempt read 0.68 where isolated runs read 0.55.
+- Sessions are created anew for every round, and the interval is a Student t interval over the rounds'
+  estimates, so the differences between two sessions of one model count as noise instead of showing up
+  as a "significant" A/A speed-up. On the project's VMs they are large: gpt2-small's A/A rounds spread
+  by +-7 %, and the session made first in a round ran ~10 % slower in 10 rounds of 12 (pinning threads did
+  not change it: it is the memory, not the cores). So the order alternates between rounds, and the
+  estimate is the mean of the two orders' means, with the order's effect taken out of the spread.
 """
 
 from __future__ import annotations
@@ -27,12 +38,16 @@ from tracker.cpu_load import watch_cpu_load
 
 logger = logging.getLogger(__name__)
 
-VERDICTS = ("better", "worse", "inconclusive", "rejected")
+VERDICTS = ("better", "worse", "same", "inconclusive", "rejected")
 # Smallest speed-up change worth a verdict: even a calibrated interval can exclude 1 for a 1 % change
 # that no user would ship for.
 MIN_EFFECT = 0.02
+# An attempt whose whole interval lies within +-5 % of its baseline's speed is "same".
+SAME_WITHIN = 0.05
 # The minimum detectable effect is the change a measurement like this one finds 4 times in 5.
 MDE_POWER = 0.8
+# Two of the rounds' degrees of freedom go to the mean and the order effect: 4 rounds leave 2.
+MIN_ROUNDS = 4
 
 Runner = Callable[[], object]  # one inference
 MakeRunner = Callable[[], Runner]  # a fresh session (or evaluator) and its inference
@@ -43,32 +58,44 @@ class SpeedupConfig:
     """How an attempt is timed against its baseline.
 
     Attributes:
-        rounds: fresh pairs of sessions; the interval is over their estimates (>= 3).
-        seconds: timing per attempt in all (session creation excluded), split evenly over the rounds.
-        min_pairs: block pairs per round, at least, whatever `seconds` says.
+        rounds: fresh pairs of sessions, made in alternating order, at least; the interval is over their
+            estimates (>= 4, even to balance the orders).
+        max_rounds: at most this many rounds.
+        seconds: wall time of the whole measurement, sessions included: while some is left after
+            `rounds`, two more rounds are timed (up to `max_rounds`). A model that runs in microseconds
+            gets ~20 rounds in 3 s; gpt2-small, whose sessions take seconds to make, gets `rounds`.
+        round_seconds: timing per round, at least.
+        min_pairs: block pairs per round, at least, whatever `round_seconds` says.
         block_ms: a timed block of calls lasts at least this long.
+        settle_runs: untimed calls at the start of each block, after the other session ran.
         warmup_runs: untimed runs of each session at the start of a round.
         confidence: of the interval, e.g. 0.95.
         redo_disturbed: rounds timed again, in all, when other processes kept the cores busy.
     """
 
-    rounds: int = 5
-    seconds: float = 2.0
+    rounds: int = 6
+    max_rounds: int = 20
+    seconds: float = 3.0
+    round_seconds: float = 0.1
     min_pairs: int = 8
     block_ms: float = 2.0
+    settle_runs: int = 1
     warmup_runs: int = 2
     confidence: float = 0.95
     redo_disturbed: int = 2
 
     def __post_init__(self) -> None:
-        if self.rounds < 3:
-            raise ValueError(f"rounds must be >= 3 (the interval is over rounds), got {self.rounds}")
-        if self.seconds < 0 or self.block_ms < 0:
-            raise ValueError(f"seconds and block_ms must be >= 0, got {self.seconds} and {self.block_ms}")
-        if self.min_pairs < 1 or self.warmup_runs < 0 or self.redo_disturbed < 0:
+        if self.rounds < MIN_ROUNDS:
+            raise ValueError(f"rounds must be >= {MIN_ROUNDS} (the interval is over rounds), got {self.rounds}")
+        if self.max_rounds < self.rounds:
+            raise ValueError(f"max_rounds ({self.max_rounds}) must be >= rounds ({self.rounds})")
+        if min(self.seconds, self.round_seconds, self.block_ms) < 0:
+            raise ValueError(f"seconds, round_seconds and block_ms must be >= 0, got {self.seconds}, "
+                             f"{self.round_seconds} and {self.block_ms}")
+        if self.min_pairs < 1 or min(self.settle_runs, self.warmup_runs, self.redo_disturbed) < 0:
             raise ValueError(
-                f"min_pairs must be >= 1, warmup_runs and redo_disturbed >= 0; got {self.min_pairs}, "
-                f"{self.warmup_runs}, {self.redo_disturbed}"
+                f"min_pairs must be >= 1, settle_runs, warmup_runs and redo_disturbed >= 0; got {self.min_pairs}, "
+                f"{self.settle_runs}, {self.warmup_runs}, {self.redo_disturbed}"
             )
         if not 0 < self.confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {self.confidence}")
@@ -76,6 +103,7 @@ class SpeedupConfig:
     def params(self) -> dict[str, str]:
         return {
             "measure.speedup_rounds": str(self.rounds),
+            "measure.speedup_max_rounds": str(self.max_rounds),
             "measure.speedup_seconds": str(self.seconds),
             "measure.speedup_block_ms": str(self.block_ms),
             "measure.confidence": str(self.confidence),
@@ -91,6 +119,7 @@ class Round:
     calls_per_block: int = 1
     other_load: float = 0.0
     disturbed: bool = False
+    attempt_first: bool = False  # the attempt's session was made before the baseline's
 
     @property
     def log_ratio(self) -> float:
@@ -128,12 +157,17 @@ class Speedup:
 
     @property
     def verdict(self) -> str:
-        """"better" or "worse" only when the whole interval is on one side of 1 and the change is at
-        least MIN_EFFECT (2 %), else "inconclusive"."""
-        if self.ci_low > 1.0 and self.speedup >= 1.0 + MIN_EFFECT:
+        """"better" or "worse" when the change is at least `mde` (so at least MIN_EFFECT, and the whole
+        interval is on one side of 1); "same" when the whole interval is within +-SAME_WITHIN; else
+        "inconclusive". Changes are compared in logs, so 2x faster and 2x slower are alike."""
+        called = math.log1p(max(self.mde, MIN_EFFECT))
+        change = math.log(self.speedup)
+        if change >= called and self.ci_low > 1.0:
             return "better"
-        if self.ci_high < 1.0 and self.speedup <= 1.0 - MIN_EFFECT:
+        if change <= -called and self.ci_high < 1.0:
             return "worse"
+        if self.ci_low >= 1.0 / (1.0 + SAME_WITHIN) and self.ci_high <= 1.0 + SAME_WITHIN:
+            return "same"
         return "inconclusive"
 
     def metrics(self) -> dict[str, float]:
@@ -160,34 +194,39 @@ def verdict(speedup: Speedup | None, *, accuracy_passed: bool) -> str:
 
 def describe(speedup: float | None, mde: float | None, verdict_: str | None) -> str:
     """One sentence on what a verdict means, for the report and `tracker compare`."""
-    if speedup is None or verdict_ not in ("better", "worse", "inconclusive"):
+    if speedup is None or verdict_ not in ("better", "worse", "same", "inconclusive"):
         return ""
     change = f"{abs(speedup - 1):.1%} {'faster' if speedup >= 1 else 'slower'}"
-    if verdict_ != "inconclusive":
-        return f"{change}, beyond the noise"
     floor = f"{max(mde or 0.0, MIN_EFFECT):.1%}"
+    if verdict_ in ("better", "worse"):
+        return f"{change}, beyond the {floor} this measurement could detect"
+    if verdict_ == "same":
+        return f"{change}: no change larger than {SAME_WITHIN:.0%} either way (the whole interval is within it)"
     return f"{change}: below the {floor} this measurement could detect, so no difference was found"
 
 
 def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig) -> list[Round]:
-    """Times baseline and attempt in `config.rounds` rounds, each with freshly made sessions.
+    """Times baseline and attempt in rounds, each with freshly made sessions: `config.rounds` rounds,
+    then two more at a time while `config.seconds` (wall time, from the start) lasts, up to
+    `config.max_rounds`.
 
     In a round, the two sessions are made (the first one made alternates between rounds), warmed up,
     then timed in alternating blocks (B A, A B, ...) of the same number of calls, at least
-    `config.block_ms` long for the faster of the two, until `config.min_pairs` pairs and the round's
-    share of `config.seconds` are reached. A round during which other processes took more than
-    `tracker.cpu_load.DISTURBED_LOAD` of the machine is timed again, up to `config.redo_disturbed` times
-    in all.
+    `config.block_ms` long for the faster of the two, each after `config.settle_runs` untimed calls, until
+    `config.min_pairs` pairs and `config.round_seconds` are reached. A round during which other
+    processes took more than `tracker.cpu_load.DISTURBED_LOAD` of the machine is timed again, up to
+    `config.redo_disturbed` times in all.
     """
-    round_seconds = config.seconds / config.rounds
+    start = time.perf_counter()
     rounds: list[Round] = []
     redone = 0
-    while len(rounds) < config.rounds:
-        index = len(rounds) + redone
-        timed = _time_round(make_baseline, make_attempt, config, round_seconds, attempt_first=index % 2 == 1)
+    while (len(rounds) < config.rounds or len(rounds) % 2
+           or (len(rounds) < config.max_rounds and time.perf_counter() - start < config.seconds)):
+        # a round timed again keeps its order, so the orders stay balanced
+        timed = _time_round(make_baseline, make_attempt, config, attempt_first=len(rounds) % 2 == 1)
         logger.info(
-            "speed-up round %d/%d: %d pairs of %d call(s), median ratio %.4f, other load %.0f%%",
-            len(rounds) + 1, config.rounds, timed.baseline_s.size, timed.calls_per_block,
+            "speed-up round %d: %d pairs of %d call(s), median ratio %.4f, other load %.0f%%",
+            len(rounds) + 1, timed.baseline_s.size, timed.calls_per_block,
             math.exp(timed.log_ratio), 100 * timed.other_load,
         )
         if timed.disturbed and redone < config.redo_disturbed:
@@ -199,9 +238,7 @@ def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: 
     return rounds
 
 
-def _time_round(
-    make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig, seconds: float, *, attempt_first: bool
-) -> Round:
+def _time_round(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig, *, attempt_first: bool) -> Round:
     if attempt_first:
         run_attempt = make_attempt()
         run_baseline = make_baseline()
@@ -211,23 +248,26 @@ def _time_round(
     for _ in range(config.warmup_runs):
         run_baseline()
         run_attempt()
-    per_call = min(_time_block(run_baseline, 1), _time_block(run_attempt, 1))
+    per_call = min(_time_block(run_baseline, 1, 0), _time_block(run_attempt, 1, 0))
     calls = max(1, math.ceil(config.block_ms * 1e-3 / max(per_call, 1e-9)))
+    settle = config.settle_runs
     base, attempt = [], []
     with watch_cpu_load() as load:
         start = time.perf_counter()
-        while len(base) < config.min_pairs or time.perf_counter() - start < seconds:
+        while len(base) < config.min_pairs or time.perf_counter() - start < config.round_seconds:
             if len(base) % 2 == 0:
-                base.append(_time_block(run_baseline, calls))
-                attempt.append(_time_block(run_attempt, calls))
+                base.append(_time_block(run_baseline, calls, settle))
+                attempt.append(_time_block(run_attempt, calls, settle))
             else:
-                attempt.append(_time_block(run_attempt, calls))
-                base.append(_time_block(run_baseline, calls))
-    return Round(np.asarray(base), np.asarray(attempt), calls, load.other_load, load.disturbed)
+                attempt.append(_time_block(run_attempt, calls, settle))
+                base.append(_time_block(run_baseline, calls, settle))
+    return Round(np.asarray(base), np.asarray(attempt), calls, load.other_load, load.disturbed, attempt_first)
 
 
-def _time_block(run: Runner, calls: int) -> float:
-    """Seconds per call over `calls` back-to-back calls."""
+def _time_block(run: Runner, calls: int, settle: int) -> float:
+    """Seconds per call over `calls` back-to-back calls, after `settle` untimed ones."""
+    for _ in range(settle):
+        run()
     t0 = time.perf_counter()
     for _ in range(calls):
         run()
@@ -239,14 +279,17 @@ def estimate_speedup(rounds: Sequence[Round], *, confidence: float = 0.95) -> Sp
 
     Each round gives the median of its block pairs' log ratios; the rounds are the independent units
     (each has its own sessions), so the spread between them carries every source of noise at once.
+    When both creation orders are present, the estimate is the mean of the two orders' means and the
+    spread is measured around each order's own mean (a two-group model: one degree of freedom more is
+    spent), so a constant effect of which session is made first neither biases nor widens the result.
 
     Raises:
-        ValueError: fewer than 3 rounds, unpaired samples, or times that are not positive.
+        ValueError: fewer than MIN_ROUNDS rounds, unpaired samples, or times that are not positive.
     """
     from scipy import stats
 
-    if len(rounds) < 3:
-        raise ValueError(f"need at least 3 rounds for an interval, got {len(rounds)}")
+    if len(rounds) < MIN_ROUNDS:
+        raise ValueError(f"need at least {MIN_ROUNDS} rounds for an interval, got {len(rounds)}")
     for r in rounds:
         if r.baseline_s.shape != r.attempt_s.shape or r.baseline_s.ndim != 1 or r.baseline_s.size == 0:
             raise ValueError(f"need paired 1-D samples, got shapes {r.baseline_s.shape} and {r.attempt_s.shape}")
@@ -255,14 +298,18 @@ def estimate_speedup(rounds: Sequence[Round], *, confidence: float = 0.95) -> Sp
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     logs = np.array([r.log_ratio for r in rounds])
-    df = logs.size - 1
-    mean, se = float(logs.mean()), float(logs.std(ddof=1) / math.sqrt(logs.size))
-    half = float(stats.t.ppf(0.5 + confidence / 2, df)) * se
-    detectable = (float(stats.t.ppf(0.5 + confidence / 2, df)) + float(stats.t.ppf(MDE_POWER, df))) * se
+    groups = [g for g in (logs[[r.attempt_first for r in rounds]], logs[[not r.attempt_first for r in rounds]])
+              if g.size]
+    mean = float(np.mean([g.mean() for g in groups]))
+    df = logs.size - len(groups)
+    residual_sd = math.sqrt(sum(float(((g - g.mean()) ** 2).sum()) for g in groups) / df)
+    se = residual_sd * math.sqrt(sum(1 / g.size for g in groups)) / len(groups)
+    t = float(stats.t.ppf(0.5 + confidence / 2, df))
+    detectable = (t + float(stats.t.ppf(MDE_POWER, df))) * se
     return Speedup(
         speedup=math.exp(mean),
-        ci_low=math.exp(mean - half),
-        ci_high=math.exp(mean + half),
+        ci_low=math.exp(mean - t * se),
+        ci_high=math.exp(mean + t * se),
         confidence=confidence,
         pairs=int(sum(r.baseline_s.size for r in rounds)),
         rounds=len(rounds),
