@@ -29,7 +29,6 @@ import onnx
 from tracker.attempt import Attempt, time_against
 from tracker.calibration import with_extra_work
 from tracker.environment import huge_pages, with_huge_pages
-from tracker.latency import TimingConfig, time_runs
 from tracker.ort_runtime import SessionConfig, make_session
 from tracker.speedup import SpeedupConfig
 
@@ -90,29 +89,46 @@ def build_models(names: list[str], folder: Path) -> dict[str, tuple[Path, dict[s
 
 def isolated_ratio(baseline: Attempt, attempt: Attempt, feeds, *, seconds: float, cycles: int = 6,
                    stop_spinning: bool = True) -> float:
-    """Baseline p50 / attempt p50 from long runs of each alone, in fresh sessions each cycle, the
+    """Baseline / attempt time per call from long runs of each alone, in fresh sessions each cycle, the
     sessions' order alternating: the geometric mean of the cycles' ratios. Fresh sessions each cycle,
     because two sessions of one model differ by a few percent on these machines: a truth from one
-    session of each would be off by as much.
+    session of each would be off by as much. Calls are timed as the speed-up times them (back-to-back
+    blocks of >= 2 ms, the median block), so the harness's own cost per call is the same on both sides.
 
     Args:
         stop_spinning: the sessions' threads stop spinning after a run, as in the speed-up's sessions;
             False times them with their own settings only (ORT's default spinning).
     """
     logs = []
-    timing = TimingConfig(warmup_runs=10, min_runs=20, min_seconds=seconds)
     for cycle in range(cycles):
-        p50 = {}
+        per_call = {}
         for a in (baseline, attempt) if cycle % 2 == 0 else (attempt, baseline):
             session = make_session(a.model, a.session, stop_spinning_after_run=stop_spinning)
-            p50[a.name] = time_runs(lambda: session.run(None, feeds), timing).p50_ms
+            per_call[a.name] = _median_block(lambda: session.run(None, dict(feeds)), seconds)
             del session
-        logs.append(math.log(p50[baseline.name] / p50[attempt.name]))
+        logs.append(math.log(per_call[baseline.name] / per_call[attempt.name]))
     spread = statistics.stdev(logs) / math.sqrt(len(logs))
     logging.getLogger("bench").info("true ratio %s / %s (%s): %.4f (+-%.2f%% standard error over %d cycles)",
                                     baseline.name, attempt.name, "spinning stopped" if stop_spinning else "own settings",
                                     math.exp(statistics.mean(logs)), 100 * spread, cycles)
     return math.exp(statistics.mean(logs))
+
+
+def _median_block(run, seconds: float, *, block_s: float = 2e-3, warmup: int = 10) -> float:
+    """Median seconds per call over blocks of back-to-back calls (>= `block_s` each) for `seconds`."""
+    for _ in range(warmup):
+        run()
+    t0 = time.perf_counter()
+    run()
+    calls = max(1, math.ceil(block_s / (time.perf_counter() - t0)))
+    blocks = []
+    start = time.perf_counter()
+    while len(blocks) < 10 or time.perf_counter() - start < seconds:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            run()
+        blocks.append((time.perf_counter() - t0) / calls)
+    return statistics.median(blocks)
 
 
 def cases_for(model: str, path: Path, feeds, folder: Path, *, threads: int, true_seconds: float) -> list[Case]:

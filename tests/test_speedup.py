@@ -7,8 +7,11 @@ import math
 import numpy as np
 import pytest
 
+from scipy import stats
+
 from tracker.speedup import (
     MIN_EFFECT,
+    SYSTEMATIC_SE,
     Round,
     Speedup,
     SpeedupConfig,
@@ -48,10 +51,18 @@ def test_the_verdict_follows_the_interval(attempt_median, expected):
     assert (result.rounds, result.pairs) == (6, 300)
 
 
-def test_a_one_percent_change_is_not_better_however_narrow_its_interval():
-    result = estimate_speedup(rounds(0.99, pairs=2000, noise=0.001))
+def test_a_one_and_a_half_percent_change_is_not_better_however_narrow_its_interval():
+    result = estimate_speedup(rounds(0.985, pairs=2000, noise=0.001))
     assert result.ci_low > 1.0  # significant...
     assert result.verdict == "same"  # ...but below the 2 % worth calling a change, and surely under 5 %
+
+
+def test_no_interval_is_narrower_than_what_the_rounds_cannot_see():
+    # rounds that agree to the last digit still leave the error they all share (SYSTEMATIC_SE)
+    result = estimate_speedup([Round(np.ones(10), np.ones(10), attempt_first=i % 2 == 1) for i in range(20)])
+    assert result.speedup == 1.0
+    assert result.ci_high == pytest.approx(math.exp(stats.t.ppf(0.975, 18) * SYSTEMATIC_SE))
+    assert result.ci_low < 0.99 < 1.01 < result.ci_high
 
 
 def test_a_change_inside_the_interval_but_below_what_could_be_detected_is_not_called():
