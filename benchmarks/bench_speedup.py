@@ -108,9 +108,10 @@ def isolated_ratio(baseline: Attempt, attempt: Attempt, feeds, *, seconds: float
             del session
         logs.append(math.log(per_call[baseline.name] / per_call[attempt.name]))
     spread = statistics.stdev(logs) / math.sqrt(len(logs))
+    settings = "spinning stopped" if stop_spinning else "own settings"
     logging.getLogger("bench").info("true ratio %s / %s (%s): %.4f (+-%.2f%% standard error over %d cycles)",
-                                    baseline.name, attempt.name, "spinning stopped" if stop_spinning else "own settings",
-                                    math.exp(statistics.mean(logs)), 100 * spread, cycles)
+                                    baseline.name, attempt.name, settings, math.exp(statistics.mean(logs)),
+                                    100 * spread, cycles)
     return math.exp(statistics.mean(logs))
 
 
@@ -189,13 +190,14 @@ def run_case(case: Case, feeds, config: SpeedupConfig, repeats: int) -> dict[str
 
 
 def print_table(rows: list[dict[str, object]]) -> None:
-    head = f"{'model':<11}{'case':<15}{'true':>7}{'own':>7}{'expect':>18}{'n':>4}{'wrong':>7}{'covers':>8}{'median':>8}" \
-           f"{'±width':>8}{'mde':>7}{'disturb':>8}{'rounds':>7}{'s/rep':>7}  verdicts"
+    head = f"{'model':<11}{'case':<15}{'true':>7}{'own':>7}{'expect':>18}{'n':>4}{'wrong':>7}{'covers':>8}" \
+           f"{'median':>8}{'±width':>8}{'mde':>7}{'disturb':>8}{'rounds':>7}{'s/rep':>7}  verdicts"
     print(head)
     for r in rows:
         wrong = "-" if r["wrong"] is None else f"{r['wrong']}/{r['repeats']}"
-        print(f"{r['model']:<11}{r['case']:<15}{r['true']:>7.3f}{r['own']:>7.3f}{r['expected']:>18}{r['repeats']:>4}{wrong:>7}"
-              f"{r['covered'] / r['repeats']:>8.0%}{r['median']:>8.3f}{r['half_width']:>8.2%}{r['mde']:>7.1%}"
+        print(f"{r['model']:<11}{r['case']:<15}{r['true']:>7.3f}{r['own']:>7.3f}{r['expected']:>18}"
+              f"{r['repeats']:>4}{wrong:>7}{r['covered'] / r['repeats']:>8.0%}{r['median']:>8.3f}"
+              f"{r['half_width']:>8.2%}{r['mde']:>7.1%}"
               f"{r['disturbed']:>8}{r['rounds']:>7.0f}{r['seconds']:>7.1f}  {r['verdicts']}")
 
 
@@ -235,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print_table(rows)
     print(f"\ntotal {time.perf_counter() - start:.0f} s. true: baseline/attempt from long isolated runs, threads "
-          "stopping their spin after a run as in the speed-up (1 for A/A); own: the same in the sessions' own settings; "
+          "stopping their spin after a run as in the speed-up (1 for A/A); own: the same in the sessions' own "
+          "settings; "
           "wrong: verdicts other than the expected one; covers: intervals holding the true ratio; ±width: median "
           "half-width of the interval relative to the estimate; mde: median detectable change; disturb: repeats "
           "with a round kept although other processes used the CPU")

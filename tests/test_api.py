@@ -13,7 +13,8 @@ from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, lo
 from tracker.settings import resolve_tracking_uri
 from tests.conftest import FAST_SPEEDUP
 
-FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
+                     timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
 
 
 @pytest.fixture

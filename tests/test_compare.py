@@ -14,7 +14,8 @@ from tracker.cli import main
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
-FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
+                     timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
                      trace_levels=(1,))
 ATTEMPTS = ["baseline", "ort_opt_disabled", "reference_baseline", "reference_fused_wrong", "broken"]
 

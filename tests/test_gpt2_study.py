@@ -76,7 +76,8 @@ def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export,
     weights = onnx.numpy_helper.to_array(largest)
     largest.CopyFrom(onnx.numpy_helper.from_array(weights * 1.5, largest.name))
     tokens = {"input_ids": np.random.default_rng(0).integers(0, 1000, (1, 8), dtype=np.int64)}
-    config = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0))
+    config = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
+                           timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0))
     with Study("gpt2", feeds=tokens, experiment="corrupt", config=config, log_models=False) as study:
         study.attempt("baseline", tiny_export.path, tolerance=LOGITS_FP32)
         bad = study.attempt("corrupted", corrupted, tolerance=LOGITS_FP32)

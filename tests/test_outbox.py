@@ -16,7 +16,8 @@ from tracker.record import find_records
 from tracker.server import LocalMlflowServer
 from tests.conftest import FAST_SPEEDUP
 
-FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
+                     timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
 
 
 @pytest.fixture

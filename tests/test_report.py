@@ -16,7 +16,8 @@ from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.report import AttemptRow
 
-FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
+                     timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
                      trace_levels=(1,))
 
 

@@ -39,7 +39,8 @@ def _linreg() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 def _fusion() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     from tracker.fusions.add_eyelike import make_linear_model
 
-    return make_linear_model(n_features=100), {"X": np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)}
+    feeds = {"X": np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)}
+    return make_linear_model(n_features=100), feeds
 
 
 def _gpt2_tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:

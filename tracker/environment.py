@@ -65,5 +65,6 @@ def huge_pages() -> str:
 def with_huge_pages(environ: dict[str, str]) -> dict[str, str]:
     """A copy of `environ` for a child process whose malloc asks for huge pages (GLIBC_TUNABLES is read
     when a process starts, so it cannot be turned on in the running one)."""
-    tunables = [t for t in environ.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")]
+    tunables = [t for t in environ.get("GLIBC_TUNABLES", "").split(":")
+                if t and not t.startswith("glibc.malloc.hugetlb=")]
     return {**environ, "GLIBC_TUNABLES": ":".join([HUGE_PAGES_TUNABLE, *tunables])}

@@ -244,7 +244,9 @@ def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: 
     return rounds
 
 
-def _time_round(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig, *, attempt_first: bool) -> Round:
+def _time_round(
+    make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig, *, attempt_first: bool
+) -> Round:
     if attempt_first:
         run_attempt = make_attempt()
         run_baseline = make_baseline()

@@ -103,7 +103,8 @@ def study(store, server_process) -> StudyStore:
     from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 
     folder, uri, experiment_id = store
-    config = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0),
+    config = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
+                           timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0),
                            trace_levels=(1,))
     model = make_linear_model(n_features=8)
     feeds = {"X": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}

@@ -20,8 +20,9 @@ import tracker.api  # noqa: F401  (MLflow's import time must not stagger the sta
 from tracker.fusions.add_eyelike import make_linear_model
 from tracker.speedup import SpeedupConfig
 
-FAST = tracker.MeasureConfig(profile_runs=3, speedup=SpeedupConfig(rounds=4, seconds=0, round_seconds=0, min_pairs=3, block_ms=0),
-                              timing=tracker.TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0))
+FAST = tracker.MeasureConfig(profile_runs=3,
+                             speedup=SpeedupConfig(rounds=4, seconds=0, round_seconds=0, min_pairs=3, block_ms=0),
+                             timing=tracker.TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0))
 SESSIONS = (
     tracker.SessionConfig(),
     tracker.SessionConfig(graph_optimization_level="disable"),
