@@ -163,4 +163,4 @@ def test_help_says_what_passing_means(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "its accuracy check passed" in text and "'worse' and 'inconclusive' attempts pass" in text
+    assert "its accuracy check passed" in text and "'worse', 'same' and 'inconclusive' attempts pass" in text

@@ -88,7 +88,10 @@ def test_a_bare_mlflow_run_builds_or_reuses_the_project_environment_and_logs_the
     assert all(r.info.status == "FINISHED" for r in attempts.values())
     assert len(runs) == 1 + len(attempts)
     # The environment holds the dependencies; the code ran is the copy's own tracker/ (see python_env.yaml).
-    assert re.search(r"Running command 'source \S+/bin/activate && python -m experiments\.linreg ", done.stdout)
+    assert re.search(r"Running command 'source \S+/bin/activate && "
+                     r"GLIBC_TUNABLES=glibc\.malloc\.hugetlb=1 python -m experiments\.linreg ", done.stdout)
+    # ...with the weights on huge pages, as every MLproject entry runs (recorded on each attempt)
+    assert {r.data.params["env.huge_pages"] for r in attempts.values()} <= {"malloc", "always", "unknown"}
 
 
 def test_without_pyenv_mlflow_run_fails_with_the_message_the_readme_quotes(tmp_path):
