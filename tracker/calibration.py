@@ -58,25 +58,19 @@ def with_extra_work(model: onnx.ModelProto, *, copies: int = 1) -> onnx.ModelPro
                 clone.output.append(renamed[out])
             extra.append(clone)
         last_copy = renamed
+    # the original graph now computes each output under another name; the tail adds the zero to it
+    kept = {out.name: f"{out.name}__before_extra" for out in graph.output}
     tail = []
-    new_outputs = []
-    for out in graph.output:
-        copy_name = last_copy[out.name]
-        zero, kept = f"{out.name}__extra_zero", f"{out.name}__before_extra"
-        tail.append(helper.make_node("Sub", [copy_name, copy_name], [zero], name=f"{out.name}__extra_sub"))
-        tail.append(helper.make_node("Add", [kept, zero], [out.name], name=f"{out.name}__extra_add"))
-        new_outputs.append((out.name, kept))
-    renames = dict(new_outputs)
+    for name, before in kept.items():
+        copy_name, zero = last_copy[name], f"{name}__extra_zero"
+        tail.append(helper.make_node("Sub", [copy_name, copy_name], [zero], name=f"{name}__extra_sub"))
+        tail.append(helper.make_node("Add", [before, zero], [name], name=f"{name}__extra_add"))
     result = onnx.ModelProto()
     result.CopyFrom(model)
     for node in result.graph.node:
-        for i, name in enumerate(node.output):
-            if name in renames:
-                node.output[i] = renames[name]
-    for node in result.graph.node:
-        for i, name in enumerate(node.input):
-            if name in renames:
-                node.input[i] = renames[name]
+        for names in (node.input, node.output):
+            for i, name in enumerate(names):
+                names[i] = kept.get(name, name)
     result.graph.node.extend(extra + tail)
     result.graph.initializer.extend(ones)
     return result

@@ -58,7 +58,7 @@ def huge_pages() -> str:
     if mode == "always":
         return "always"
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    asked = any(t.strip() in ("glibc.malloc.hugetlb=1", "glibc.malloc.hugetlb=2") for t in tunables.split(":"))
+    asked = any(t.strip() in (HUGE_PAGES_TUNABLE, "glibc.malloc.hugetlb=2") for t in tunables.split(":"))
     return "malloc" if asked and mode == "madvise" else "off"
 
 
