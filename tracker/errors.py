@@ -19,3 +19,7 @@ class FeedError(TrackerError, ValueError):
 
 class TrackingServerError(TrackerError, ConnectionError):
     """The MLflow tracking server cannot be reached."""
+
+
+class UnsupportedOpError(TrackerError, ValueError):
+    """A model uses an op that the runtime asked to run it does not implement."""

@@ -5,30 +5,95 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+import onnx.parser
+from google.protobuf import json_format
+from google.protobuf import text_format as text_format_module
 from google.protobuf.message import DecodeError
+from onnx.external_data_helper import (
+    ExternalDataInfo,
+    _get_all_tensors,  # every tensor: initializers, attributes, subgraphs and functions
+    load_external_data_for_model,
+    uses_external_data,
+)
 
-from tracker.errors import ModelError
+from tracker.errors import ModelError, UnsupportedOpError
 
 
 def load_model(path: str | Path, *, load_external_data: bool = True, check: bool = True) -> onnx.ModelProto:
     """Loads an ONNX file and runs the ONNX checker on it.
 
+    The file is read by its content, not its name: an ONNX protobuf loads whatever its extension
+    (`model.json` too). Only a file that is not a protobuf model is read in the text format onnx
+    ties to its extension (ONNX JSON for `.json`, textproto for `.textproto`, ...).
+
     Raises:
-        ModelError: the file is missing, is not an ONNX protobuf, or fails the checker.
+        ModelError: the file is missing, is not an ONNX model, names an external data file that is
+            missing, or fails the checker.
     """
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"model file {str(path)!r} does not exist or is not a file")
-    try:
-        model = onnx.load(str(path), load_external_data=load_external_data)
-    except (DecodeError, RuntimeError, ValueError, OSError) as e:
-        raise ModelError(f"{str(path)!r} is not a readable ONNX model (expected an ONNX protobuf): {e}") from e
-    if len(model.graph.node) == 0 and not model.graph.output:
-        # protobuf parses many foreign files into an empty message instead of failing
-        raise ModelError(f"{str(path)!r} is not an ONNX model: it has no graph nodes and no outputs")
+    model = _parse(path)
+    # Checked first for every caller: the checker and ORT read these files by path later on.
+    check_external_data(model, path)
+    if load_external_data:
+        try:
+            load_external_data_for_model(model, str(path.parent))
+        except (onnx.checker.ValidationError, OSError, ValueError) as e:
+            raise ModelError(f"cannot read the external data of {str(path)!r}: {e}") from e
     if check:
         check_model(model if load_external_data else path, source=str(path))
     return model
+
+
+def check_external_data(model: onnx.ModelProto, path: str | Path) -> None:
+    """Raises `ModelError` naming each external data file of `model` (saved at `path`) that is missing."""
+    folder = Path(path).parent
+    missing: dict[str, list[str]] = {}
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = ExternalDataInfo(tensor).location
+            if not (folder / location).is_file():
+                missing.setdefault(str(folder / location), []).append(tensor.name)
+    if missing:
+        files = "; ".join(f"{file!r} (tensors {', '.join(names)})" for file, names in missing.items())
+        raise ModelError(
+            f"{str(path)!r} keeps weights in external data that is missing: {files}; expected each file "
+            "next to the model, under the name the model records (keep the files together when copying)"
+        )
+
+
+def _parse(path: Path) -> onnx.ModelProto:
+    """The model in `path` without its external data: an ONNX protobuf, else the extension's text format."""
+    try:
+        model = onnx.load_model(str(path), format="protobuf", load_external_data=False)
+    except (DecodeError, RuntimeError, ValueError, OSError) as e:
+        problem = f"expected an ONNX protobuf: {e}"
+        model = None
+    else:
+        # protobuf parses many foreign files into an empty message instead of failing
+        problem = "it has no graph nodes and no outputs"
+    if model is not None and _has_graph(model):
+        return model
+    text_format = onnx.serialization.registry.get_format_from_file_extension(path.suffix.lower())
+    if text_format in (None, "protobuf"):
+        raise ModelError(f"{str(path)!r} is not a readable ONNX model ({problem})")
+    try:
+        model = onnx.load_model(str(path), format=text_format, load_external_data=False)
+    except (json_format.ParseError, text_format_module.ParseError, onnx.parser.ParseError, ValueError) as e:
+        # the text parser's first line names the problem; the rest lists every field of ModelProto
+        detail = (str(e).strip() or type(e).__name__).splitlines()[0]
+        raise ModelError(
+            f"{str(path)!r} is not a readable ONNX model: it is neither an ONNX protobuf nor ONNX "
+            f"{text_format} (the text format of {path.suffix} files): {detail}"
+        ) from e
+    if not _has_graph(model):
+        raise ModelError(f"{str(path)!r} is not an ONNX model: it has no graph nodes and no outputs")
+    return model
+
+
+def _has_graph(model: onnx.ModelProto) -> bool:
+    return bool(len(model.graph.node) or model.graph.output)
 
 
 def check_model(model: onnx.ModelProto | str | Path, *, source: str = "model") -> None:
@@ -49,5 +114,21 @@ _STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 
 def ort_can_load(model: onnx.ModelProto) -> bool:
     """False for a custom-domain op without a model-local function: ONNX Runtime cannot load it."""
+    return not _ort_unknown_ops(model)
+
+
+def check_ort_ops(model: onnx.ModelProto, *, source: str = "model") -> None:
+    """Raises `UnsupportedOpError` naming each op ONNX Runtime cannot load (see `ort_can_load`)."""
+    unknown = _ort_unknown_ops(model)
+    if unknown:
+        ops = ", ".join(f"op {op!r} of domain {domain!r}" for domain, op in unknown)
+        raise UnsupportedOpError(
+            f"ONNX Runtime cannot load {source}: it has no kernel for {ops}; it runs the ops of domains "
+            f"{', '.join(repr(d) for d in _STANDARD_DOMAINS)} ('' is ai.onnx) and the model's local functions"
+        )
+
+
+def _ort_unknown_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
     local = {(f.domain, f.name) for f in model.functions}
-    return all(n.domain in _STANDARD_DOMAINS or (n.domain, n.op_type) in local for n in model.graph.node)
+    keys = dict.fromkeys((n.domain, n.op_type) for n in model.graph.node)
+    return [key for key in keys if key[0] not in _STANDARD_DOMAINS and key not in local]

@@ -1,0 +1,93 @@
+"""Bad input to `tracker profile`, `inspect` and `compare`: one line `error: ...`, exit 2, no traceback.
+
+`profile` must refuse bad input before it creates an MLflow run: each profile case checks the store holds no run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlflow
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from tracker.cli import main
+from tracker.fusions.add_eyelike import make_linear_model
+from tracker.model_io import load_model
+
+COMMANDS = ["inspect", "profile"]
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> str:
+    """A sqlite tracking store in tmp_path (created by the first command that opens it)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_names(uri: str) -> list[str]:
+    """Names of every run in the store; none when the store was never created."""
+    if not Path(uri.removeprefix("sqlite:///")).exists():
+        return []
+    client = mlflow.MlflowClient(uri)
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    return [r.info.run_name for r in client.search_runs(experiments)]
+
+
+def assert_one_line_error(code: int, err: str, *fragments: str) -> None:
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+def custom_op_model() -> onnx.ModelProto:
+    """Y = my.domain.Foo(X): valid for the ONNX checker, but no runtime has a kernel for Foo."""
+    graph = helper.make_graph(
+        [helper.make_node("Foo", ["X"], ["Y"], name="foo", domain="my.domain")],
+        "custom",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2])],
+    )
+    opsets = [helper.make_opsetid("", 18), helper.make_opsetid("my.domain", 1)]
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_a_protobuf_model_named_json_loads_by_its_content(tmp_path, capsys):
+    path = tmp_path / "linear.json"  # onnx alone would read it as ONNX JSON, from the extension
+    model = make_linear_model(n_features=8)
+    path.write_bytes(model.SerializeToString())
+    assert load_model(path).SerializeToString() == model.SerializeToString()
+    code, out, _ = run_cli(capsys, "inspect", str(path), "--dim", "N=2")
+    assert code == 0 and "MatMul" in out
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_json_file_that_is_not_a_model_is_a_model_error(store, tmp_path, capsys, command):
+    path = tmp_path / "notes.json"
+    path.write_text('{"latency_ms": 3.5}')
+    code, _, err = run_cli(capsys, command, str(path))
+    assert_one_line_error(code, err, "notes.json", "is not a readable ONNX model",
+                          "neither an ONNX protobuf nor ONNX json", 'no field named "latency_ms"')
+    assert run_names(store) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_missing_external_data_file_is_named(store, tmp_path, capsys, command):
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(make_linear_model(n_features=8), str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="linear.weights", size_threshold=0)
+    (tmp_path / "linear.weights").unlink()
+    code, _, err = run_cli(capsys, command, str(path), "--dim", "N=2")
+    assert_one_line_error(code, err, "external data that is missing", repr(str(tmp_path / "linear.weights")),
+                          "(tensors A, B)")
+    assert run_names(store) == []
