@@ -91,3 +91,11 @@ def test_a_missing_external_data_file_is_named(store, tmp_path, capsys, command)
     assert_one_line_error(code, err, "external data that is missing", repr(str(tmp_path / "linear.weights")),
                           "(tensors A, B)")
     assert run_names(store) == []
+
+
+def test_inspect_of_a_custom_domain_op_names_it_and_what_the_reference_runtime_runs(tmp_path, capsys):
+    path = tmp_path / "custom.onnx"
+    onnx.save_model(custom_op_model(), str(path))
+    code, _, err = run_cli(capsys, "inspect", str(path))
+    assert_one_line_error(code, err, "reference runtime", "no kernel for op 'Foo' of domain 'my.domain' (node 'foo')",
+                          "'ai.onnx.ml'", "local functions (none)", "new_ops (none)")

@@ -19,11 +19,14 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from tracker import columns as C
+from tracker.errors import UnsupportedOpError
 from tracker.feeds import check_feeds
 from tracker.latency import Latency, TimingConfig, time_runs
 from tracker.profile_parse import Profile
 
 PROVIDER = "ReferenceEvaluator"
+# The domains of onnx.reference's own kernels (ReferenceEvaluator._load_impl, onnx 1.23).
+REFERENCE_DOMAINS = ("", "ai.onnx.ml", "ai.onnx.preview", "ai.onnx.preview.training", "experimental")
 VERBOSE_LEVELS = (1, 2, 3, 4)
 
 # The columns of repeated strings are categorical, as in a parsed ORT profile.
@@ -71,8 +74,54 @@ def make_evaluator(
         new_ops: OpRun kernels of custom ops, matched by (`op_domain`, class name). Where a model
             also has a local function of the same domain and name, the kernel wins.
         verbose: the evaluator's verbosity (it prints to stdout while running).
+
+    Raises:
+        tracker.errors.UnsupportedOpError: the evaluator has no kernel for an op of the model.
     """
-    return ReferenceEvaluator(model, new_ops=list(new_ops) or None, verbose=verbose)
+    check_reference_ops(model, new_ops=new_ops)
+    try:
+        return ReferenceEvaluator(model, new_ops=list(new_ops) or None, verbose=verbose)
+    except NotImplementedError as e:  # a standard op (or version) the evaluator has no kernel for
+        raise UnsupportedOpError(f"the reference runtime (onnx ReferenceEvaluator) cannot run this model: {e}") from e
+
+
+def check_reference_ops(model: onnx.ModelProto, *, new_ops: Sequence[type[OpRun]] = ()) -> None:
+    """Raises `UnsupportedOpError` naming each op of a domain the evaluator has no kernels for.
+
+    The evaluator runs the domains in `REFERENCE_DOMAINS`, the model's local functions and the
+    kernels in `new_ops`; any other op (e.g. a custom domain's, or com.microsoft's) fails.
+    """
+    functions = sorted((f.domain, f.name) for f in model.functions)
+    kernels = sorted((op.op_domain, op.__name__) for op in new_ops)
+    unknown: dict[tuple[str, str], str] = {}
+    for node in _all_nodes(model):
+        key = (node.domain, node.op_type)
+        if node.domain not in REFERENCE_DOMAINS and key not in functions and key not in kernels:
+            unknown.setdefault(key, f" (node {node.name!r})" if node.name else "")
+    if unknown:
+        ops = ", ".join(f"op {op!r} of domain {domain!r}{node}" for (domain, op), node in unknown.items())
+        raise UnsupportedOpError(
+            f"the reference runtime (onnx ReferenceEvaluator) has no kernel for {ops}; it runs the ops of "
+            f"domains {', '.join(repr(d) for d in REFERENCE_DOMAINS)} ('' is ai.onnx), the model's local functions "
+            f"({_names(functions)}) and OpRun kernels passed as new_ops ({_names(kernels)}); add a local "
+            "function of that domain and name to the model, or pass a kernel in new_ops (Python API)"
+        )
+
+
+def _names(keys: list[tuple[str, str]]) -> str:
+    return ", ".join(f"{domain}.{name}" for domain, name in keys) or "none"
+
+
+def _all_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes of the main graph, of its subgraphs and of the model's local functions."""
+    nodes: list[onnx.NodeProto] = []
+    pending = [list(model.graph.node), *(list(f.node) for f in model.functions)]
+    while pending:
+        for node in pending.pop():
+            nodes.append(node)
+            for attr in node.attribute:
+                pending.extend(list(g.node) for g in ([attr.g] if attr.HasField("g") else attr.graphs))
+    return nodes
 
 
 def run_reference(
