@@ -99,3 +99,13 @@ def test_inspect_of_a_custom_domain_op_names_it_and_what_the_reference_runtime_r
     code, _, err = run_cli(capsys, "inspect", str(path))
     assert_one_line_error(code, err, "reference runtime", "no kernel for op 'Foo' of domain 'my.domain' (node 'foo')",
                           "'ai.onnx.ml'", "local functions (none)", "new_ops (none)")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_feeds_too_large_for_memory_are_refused_before_allocating(store, tmp_path, capsys, command):
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(make_linear_model(n_features=8), str(path))
+    code, _, err = run_cli(capsys, command, str(path), "--dim", "N=99999999999")
+    assert_one_line_error(code, err, "would take 2.9 TiB", "X: float32[99999999999, 8]", "more than the limit of",
+                          "a quarter of the memory available now", "--dim")
+    assert run_names(store) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -41,7 +42,12 @@ def input_specs(model: onnx.ModelProto) -> list[InputSpec]:
 
 
 def make_feeds(
-    model: onnx.ModelProto, *, dims: Mapping[str, int] | None = None, seed: int = 0, int_high: int = 100
+    model: onnx.ModelProto,
+    *,
+    dims: Mapping[str, int] | None = None,
+    seed: int = 0,
+    int_high: int = 100,
+    max_bytes: int | None = None,
 ) -> dict[str, np.ndarray]:
     """Seeded random feeds matching the model's input signature.
 
@@ -51,26 +57,69 @@ def make_feeds(
             must be given.
         seed: seed of the random generator.
         int_high: integer inputs are drawn from [0, int_high) (token ids, indices).
+        max_bytes: the most the feeds may take together; default `feed_limit_bytes()`.
 
     Raises:
-        FeedError: a symbolic dim has no size.
+        FeedError: a symbolic dim has no size or a negative one, or the feeds would take more than
+            `max_bytes` (checked before anything is allocated).
     """
     dims = dict(dims or {})
+    specs = input_specs(model)
+    shapes = [_shape(spec, dims) for spec in specs]
+    if max_bytes is None:
+        _check_size(specs, shapes, feed_limit_bytes(), why=" (a quarter of the memory available now)")
+    else:
+        _check_size(specs, shapes, max_bytes, why="")
     rng = np.random.default_rng(seed)
-    feeds = {}
-    for spec in input_specs(model):
-        shape = []
-        for d in spec.dims:
-            if isinstance(d, str):
-                if d not in dims:
-                    raise FeedError(
-                        f"input {spec.name!r} has symbolic dim {d!r} with no size; give it, "
-                        f"e.g. dims={{{d!r}: 4}} (CLI: --dim {d}=4)"
-                    )
-                d = dims[d]
-            shape.append(int(d))
-        feeds[spec.name] = _random(rng, spec.dtype, tuple(shape), int_high)
-    return feeds
+    return {spec.name: _random(rng, spec.dtype, shape, int_high) for spec, shape in zip(specs, shapes)}
+
+
+def feed_limit_bytes() -> int:
+    """The default bound on generated feeds: a quarter of the memory available now.
+
+    A quarter, because generating a float32 feed briefly holds a float64 copy of it too, and the
+    model still needs room to run on the feeds.
+    """
+    import psutil
+
+    return int(psutil.virtual_memory().available) // 4
+
+
+def _check_size(specs: list[InputSpec], shapes: list[tuple[int, ...]], max_bytes: int, *, why: str) -> None:
+    sizes = [math.prod(shape) * spec.dtype.itemsize for spec, shape in zip(specs, shapes)]
+    if sum(sizes) <= max_bytes:
+        return
+    largest = sorted(zip(sizes, specs, shapes), key=lambda t: t[0], reverse=True)[:3]
+    inputs = ", ".join(f"{s.name}: {s.dtype}{list(shape)} = {_format_bytes(size)}" for size, s, shape in largest)
+    raise FeedError(
+        f"feeds of these sizes would take {_format_bytes(sum(sizes))} ({inputs}), more than the limit of "
+        f"{_format_bytes(max_bytes)}{why}; give smaller sizes (--dim)"
+    )
+
+
+def _shape(spec: InputSpec, dims: Mapping[str, int]) -> tuple[int, ...]:
+    shape = []
+    for d in spec.dims:
+        if isinstance(d, str):
+            if d not in dims:
+                raise FeedError(
+                    f"input {spec.name!r} has symbolic dim {d!r} with no size; give it, "
+                    f"e.g. dims={{{d!r}: 4}} (CLI: --dim {d}=4)"
+                )
+            if int(dims[d]) < 0:
+                raise FeedError(f"symbolic dim {d!r} of input {spec.name!r} has size {dims[d]}; expected a size >= 0")
+            d = dims[d]
+        shape.append(int(d))
+    return tuple(shape)
+
+
+def _format_bytes(size: int) -> str:
+    if size < 1024:
+        return f"{size} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            return f"{size:.1f} {unit}"
 
 
 def _random(rng: np.random.Generator, dtype: np.dtype, shape: tuple[int, ...], int_high: int) -> np.ndarray:
