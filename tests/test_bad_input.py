@@ -109,3 +109,11 @@ def test_feeds_too_large_for_memory_are_refused_before_allocating(store, tmp_pat
     assert_one_line_error(code, err, "would take 2.9 TiB", "X: float32[99999999999, 8]", "more than the limit of",
                           "a quarter of the memory available now", "--dim")
     assert run_names(store) == []
+
+
+def test_compare_html_where_no_folder_can_be_made_fails_before_reading_runs(store, tmp_path, capsys):
+    (tmp_path / "results").write_text("a file, where the report wants a folder")
+    path = tmp_path / "results" / "report.html"
+    code, _, err = run_cli(capsys, "compare", "--runs", "0123456789abcdef", "--html", str(path))
+    assert_one_line_error(code, err, repr(str(path)), f"{str(tmp_path / 'results')!r} is a file, not a folder")
+    assert not (tmp_path / "mlflow.db").exists()  # the store was not opened

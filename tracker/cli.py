@@ -90,6 +90,8 @@ def _compare(args: argparse.Namespace) -> int:
 
     if (args.study is None) != (args.experiment is None):
         raise ValueError("--study and --experiment go together")
+    if args.html:
+        compare.check_report_path(args.html)  # before reading runs: a bad path fails fast
     mlflow_log.setup_tracking()
     comparison = compare.load_comparison(study_run_id=args.study_run, experiment=args.experiment,
                                          study=args.study, run_ids=args.runs or ())

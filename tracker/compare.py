@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
@@ -73,6 +75,31 @@ def load_comparison(
     best = report.pick_best(rows) if best is None else (None if best == NO_BEST else best)
     name = parent.tags.get(mlflow_log.TAG_STUDY, parent.name)
     return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id)
+
+
+def check_report_path(path: str | Path) -> Path:
+    """Checks, before any run is read, that the HTML report can be written at `path`.
+
+    Missing parent folders are fine: `report.write_report` creates them. What cannot be created is
+    an error: a parent that is a file, a folder that is not writable, or `path` being a folder.
+
+    Raises:
+        ValueError: naming the path and what is in the way.
+    """
+    path = Path(path)
+    if path.is_dir():
+        example = str(path / "report.html")
+        raise ValueError(f"--html {str(path)!r} is a folder; expected the path of an HTML file, e.g. {example!r}")
+    existing = next(p for p in path.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise ValueError(f"cannot write the report to {str(path)!r}: {str(existing)!r} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        missing = "" if existing == path.absolute().parent else f" (to create {str(path.parent)!r})"
+        raise ValueError(
+            f"cannot write the report to {str(path)!r}: folder {str(existing)!r} is not writable{missing}; "
+            "give a path in a folder you can write to"
+        )
+    return path
 
 
 def row_from_run(run: FetchedRun) -> AttemptRow:

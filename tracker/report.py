@@ -204,8 +204,14 @@ def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, be
 
     Returns:
         The path written.
+
+    Raises:
+        ValueError: the file or its folder cannot be written.
     """
-    return _write_page(rows, report_tables(rows, best=best), Path(path), title=title, best=best)
+    try:
+        return _write_page(rows, report_tables(rows, best=best), Path(path), title=title, best=best)
+    except OSError as e:  # a folder that cannot be created or written: a clear error, not a traceback
+        raise ValueError(f"cannot write the report to {str(path)!r}: {e.strerror or e}") from e
 
 
 def _write_page(rows, tables: Mapping[str, pd.DataFrame], path: Path, *, title: str, best: str | None) -> Path:
