@@ -16,6 +16,7 @@ import numpy as np
 
 from tracker import EXACT, FP32, SessionConfig, Study
 from tracker.experiment_args import add_measure_args, measure_config, session_kwargs, setup_logging
+from tracker.termination import handle_sigterm
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 
 
@@ -51,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of A, B and X")
     args = parser.parse_args(argv)
     setup_logging()
+    handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143
     run(args)
     return 0
 

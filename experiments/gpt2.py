@@ -11,6 +11,7 @@ import sys
 
 from tracker import SessionConfig
 from tracker.experiment_args import add_measure_args, measure_config, session_kwargs, setup_logging
+from tracker.termination import handle_sigterm
 from tracker.gpt2.study import GPT2StudyConfig, run_gpt2_study
 
 
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     add_gpt2_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
+    handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143
     study = run(args)
     best = study.best
     print(f"gpt2: best attempt that passed its accuracy check: {best.attempt.name if best else 'none'}")

@@ -18,6 +18,7 @@ from skl2onnx import to_onnx
 
 from tracker import SessionConfig, Study
 from tracker.experiment_args import add_measure_args, measure_config, session_kwargs, setup_logging
+from tracker.termination import handle_sigterm
 
 
 def run(args: argparse.Namespace) -> Study:
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     add_measure_args(parser)
     args = parser.parse_args(argv)
     setup_logging()
+    handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143
     run(args)  # a failed attempt is logged on its own run; the study itself still succeeded
     return 0
 

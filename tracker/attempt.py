@@ -138,7 +138,7 @@ class Attempt:
         """
         if isinstance(self.model, onnx.ModelProto):
             return int(self.model.ByteSize())
-        model = loaded if loaded is not None else onnx.load(str(self.model), load_external_data=False)
+        model = loaded if loaded is not None else load_model(self.model, load_external_data=False, check=False)
         locations = {e.value for t in model.graph.initializer for e in t.external_data if e.key == "location"}
         folder = self.model.parent
         return self.model.stat().st_size + sum((folder / loc).stat().st_size for loc in locations)

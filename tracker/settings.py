@@ -19,3 +19,24 @@ def resolve_tracking_uri(cwd: str | Path | None = None) -> str:
         return uri
     db = Path(cwd or os.getcwd()).resolve() / DEFAULT_DB
     return f"sqlite:///{db}"
+
+
+SERVER_TIMEOUT_ENV = "TRACKER_SERVER_TIMEOUT_S"
+DEFAULT_SERVER_TIMEOUT_S = 30.0
+
+
+def server_timeout_s() -> float:
+    """How long one call to a tracking server may take, retries included: `$TRACKER_SERVER_TIMEOUT_S`, else 30.
+
+    After that the attempt goes to the outbox (`tracker upload` sends it later) instead of stalling.
+    """
+    text = os.environ.get(SERVER_TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_SERVER_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 1 <= seconds <= 3600:  # also rejects nan
+        raise ValueError(f"{SERVER_TIMEOUT_ENV} must be a number of seconds from 1 to 3600, got {text!r}")
+    return seconds

@@ -112,6 +112,7 @@ class LocalTrackingServer:
     """
 
     def __init__(self, folder: str | Path, *, port: int | None = None, pg_port: int | None = None) -> None:
+        _require_psycopg2()
         self.folder = Path(folder).resolve()
         self.postgres = LocalPostgres(self.folder / "postgres", port=pg_port)
         self.mlflow = LocalMlflowServer(self.postgres.backend_store_uri, self.folder / "artifacts", port=port,
@@ -142,3 +143,14 @@ class LocalTrackingServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _require_psycopg2() -> None:
+    """The server reaches PostgreSQL through psycopg2: say so before starting anything, not in a log tail."""
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg2") is None:
+        raise LocalServerError(
+            "the MLflow server needs the PostgreSQL driver psycopg2, which is not installed in "
+            f"{sys.prefix}: pip install 'onnx-optimization-tracker[server]' (or psycopg2-binary)"
+        )
