@@ -64,7 +64,9 @@ def summarize(events: pd.DataFrame, *, by: By = "op", skip_runs: int = 0) -> pd.
     n_runs = kept[C.RUN].nunique()
     grouped = kept.groupby(column, sort=False)[C.DUR_US]
     summary = pd.DataFrame({C.TOTAL_US: grouped.sum(), C.CALLS: grouped.size()})
-    summary[C.PCT] = 100.0 * summary[C.TOTAL_US] / summary[C.TOTAL_US].sum()
+    total_us = summary[C.TOTAL_US].sum()
+    # Kernels that all took 0 µs (a clock too coarse for them) have no share to split: each gets 0 %, not NaN.
+    summary[C.PCT] = 100.0 * summary[C.TOTAL_US] / total_us if total_us else 0.0
     summary[C.US_PER_RUN] = summary[C.TOTAL_US] / n_runs
     summary[C.CALLS_PER_RUN] = summary[C.CALLS] / n_runs
     summary[C.MEAN_US] = summary[C.TOTAL_US] / summary[C.CALLS]

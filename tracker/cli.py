@@ -166,6 +166,10 @@ def _summarize(args: argparse.Namespace) -> int:
 def _table(summary) -> str:
     from tracker import columns as C
 
+    if summary.empty:
+        return ("No kernel events were found: the profile holds no Node events named '<node>_kernel_time', only "
+                "session events. That usually means no inference run was profiled (end_profiling() was called "
+                "before the first run, or every run failed before its first kernel).")
     shown = summary[[C.KEY, C.TOTAL_US, C.CALLS, C.PCT, C.US_PER_RUN, C.MEAN_US]]
     return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 

@@ -246,7 +246,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
                 _warn_truncated(source, seen)
             windows = np.array(columns.run_windows, dtype=np.int64).reshape(-1, 2)
             runs = pd.DataFrame({C.TS_US: windows[:, 0], C.DUR_US: windows[:, 1]})
-            chunk = ProfileChunk(_table(columns, _runs_table([])), runs, columns.trace_events, truncated)
+            chunk = ProfileChunk(_table(columns, _runs_table([]), source), runs, columns.trace_events, truncated)
         yield chunk
 
 
@@ -302,10 +302,10 @@ def _profile(columns: KernelColumns, *, truncated: bool, source: str) -> Profile
         )
     runs = _runs_table(columns.run_windows)
     fmt = "fences" if columns.has_fences else ("memory" if columns.has_memory else "plain")
-    return Profile(events=_table(columns, runs), runs=runs, format=fmt, truncated=truncated, source=source)
+    return Profile(events=_table(columns, runs, source), runs=runs, format=fmt, truncated=truncated, source=source)
 
 
-def _table(columns: KernelColumns, runs: pd.DataFrame) -> pd.DataFrame:
+def _table(columns: KernelColumns, runs: pd.DataFrame, source: str) -> pd.DataFrame:
     """The kernel rows, numbered by the runs whose windows hold them."""
     gathered = columns.gathered()
     convert = {
@@ -318,6 +318,12 @@ def _table(columns: KernelColumns, runs: pd.DataFrame) -> pd.DataFrame:
     for column in STRING_COLUMNS:
         data[column] = _strings(gathered.distinct[column], gathered.codes.pop(column), convert.get(column))
     data |= {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
+    # Each duration fits in int64 (profile_stream bounds it), but their sum, which every summary takes, may not.
+    if data[C.DUR_US].sum(dtype=np.float64) >= 2**63:
+        raise ProfileFormatError(
+            f"the kernel durations of profile {source!r} add up to more than 2**63 microseconds; expected durations "
+            "of real kernel calls, which add up to the profiled time"
+        )
     data[C.RUN] = _run_index(data[C.TS_US], runs)
     data[C.MEM_IN_USE_DELTA] = pd.arrays.IntegerArray(gathered.numbers.pop(C.MEM_IN_USE_DELTA), gathered.mem_missing)
     return pd.DataFrame(data, columns=list(C.EVENT_COLUMNS))

@@ -8,11 +8,12 @@ import re
 import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
 import msgspec
 
 from tracker.errors import ProfileFormatError
+from tracker.json_commas import ListCommas
 
 _GZIP_MAGIC = b"\x1f\x8b"
 # How many candidate cut points to try when recovering the complete events of a truncated file.
@@ -25,6 +26,24 @@ _LEADING_BLANKS = re.compile(rb"[ \t\r\n]*")
 _EVENT_COMMA = re.compile(rb"\}[ \t\r]*(,)[ \t\r]*\n[ \t\r\n]*\{")
 # How far past a wanted cut to look for the comma after an event.
 _COMMA_WINDOW_BYTES = 2**20
+# Text without a line that ends between two events for this long is not one event per line: it is then cut at the
+# commas of the list (`ListCommas`), which costs a scan of the text.
+_LINE_BYTES = 2**20
+# Text without any cut for this long (then twice as long, and so on) is decoded as far as it goes, to reject
+# what is not JSON before holding all of it.
+_FIRST_CHECK_BYTES = 4 * 2**20
+_JSON_STARTS = frozenset(b'[{"-0123456789tfn')
+
+# Times and durations are microseconds. Bounded so that the table's int64 columns hold them, and a start plus a
+# duration too: 2**53 - 1 is also the largest integer every JSON reader (a double) holds exactly, 285 years.
+MAX_MICROSECONDS = 2**53 - 1
+Microseconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_MICROSECONDS)]
+Timestamp = Annotated[int, msgspec.Meta(ge=-MAX_MICROSECONDS, le=MAX_MICROSECONDS)]
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+_EXPECTED = {
+    "dur": f"a duration of 0 to {MAX_MICROSECONDS} microseconds",
+    "ts": f"a timestamp of -{MAX_MICROSECONDS} to {MAX_MICROSECONDS} microseconds",
+}
 
 
 class Args(msgspec.Struct, gc=False):
@@ -35,10 +54,10 @@ class Args(msgspec.Struct, gc=False):
     provider: str = ""
     input_type_shape: msgspec.Raw = msgspec.Raw(b"[]")
     output_type_shape: msgspec.Raw = msgspec.Raw(b"[]")
-    output_size: int = 0
-    activation_size: int = 0
-    parameter_size: int = 0
-    mem_in_use_delta: int | None = None
+    output_size: Int64 = 0
+    activation_size: Int64 = 0
+    parameter_size: Int64 = 0
+    mem_in_use_delta: Int64 | None = None
 
 
 # gc=False: the cyclic GC need not track half a million objects that hold no containers and so make no cycles.
@@ -47,8 +66,8 @@ class Event(msgspec.Struct, gc=False):
 
     cat: str
     name: str
-    ts: int
-    dur: int = 0
+    ts: Timestamp
+    dur: Microseconds = 0
     tid: int | str = 0
     args: Args = msgspec.field(default_factory=Args)
 
@@ -58,8 +77,8 @@ class Event(msgspec.Struct, gc=False):
 class NodeEvent(msgspec.Struct, tag_field="cat", tag="Node", gc=False):
     cat: ClassVar[str] = "Node"
     name: str
-    ts: int
-    dur: int = 0
+    ts: Timestamp
+    dur: Microseconds = 0
     tid: int | str = 0
     args: Args = msgspec.field(default_factory=Args)
 
@@ -67,27 +86,102 @@ class NodeEvent(msgspec.Struct, tag_field="cat", tag="Node", gc=False):
 class SessionEvent(msgspec.Struct, tag_field="cat", tag="Session", gc=False):
     cat: ClassVar[str] = "Session"
     name: str
-    ts: int
-    dur: int = 0
+    ts: Timestamp
+    dur: Microseconds = 0
 
 
 AnyEvent = Event | NodeEvent | SessionEvent
 _ort_decoder = msgspec.json.Decoder(list[NodeEvent | SessionEvent], strict=False)
 _any_decoder = msgspec.json.Decoder(list[Event], strict=False)
+_OUT_OF_RANGE = re.compile(r"Expected `int` [<>]= .* - at `\$\[(\d+)\]\.(.+)`")
+_ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
+_NON_FINITE = re.compile(rb'(?:"((?:[^"\\]|\\.)*)"[ \t\r\n]*:[ \t\r\n]*)?(-?(?:NaN|Infinity))')
+_NAME_FIELD = re.compile(rb'"name"[ \t\r\n]*:[ \t\r\n]*"((?:[^"\\]|\\.)*)"')
 
 
-def _decode_list(text: bytes | bytearray | memoryview) -> list[AnyEvent]:
+def _decode_list(text: bytes | bytearray | memoryview, source: str, *, events_before: int = 0) -> list[AnyEvent]:
+    """Decodes a JSON list of trace events.
+
+    Raises:
+        msgspec.DecodeError: the text is not JSON, or a JSON list cut short (`_malformed_at` tells which).
+        ProfileFormatError: JSON that is not a list of trace events, or has a number out of range, or nests
+            deeper than Python can decode.
+    """
     try:
-        return _ort_decoder.decode(text)
-    except msgspec.ValidationError:
-        return _any_decoder.decode(text)
+        try:
+            return _ort_decoder.decode(text)
+        except msgspec.ValidationError:
+            return _any_decoder.decode(text)
+    except msgspec.ValidationError as e:
+        out_of_range = _OUT_OF_RANGE.match(str(e))
+        if out_of_range is None:
+            raise ProfileFormatError(_foreign_message(source, e)) from e
+        index, field = int(out_of_range.group(1)), out_of_range.group(2)
+        name, value = _event_field(text, index, field)
+        raise ProfileFormatError(
+            f"profile {source!r}: trace event {events_before + index} ({name}) has {field} {value}; expected "
+            f"{_EXPECTED.get(field, 'an integer that fits in 64 bits')}"
+        ) from e
+    except RecursionError as e:  # msgspec's decoder recurses into nested lists and objects, even those it skips
+        raise ProfileFormatError(
+            f"profile {source!r} nests lists or objects too deeply to decode (beyond Python's recursion limit), "
+            f"in trace event {events_before} or a later one; expected trace events nested a few levels deep, as "
+            "onnxruntime writes them"
+        ) from e
+
+
+def _event_field(text: bytes | bytearray | memoryview, index: int, field: str) -> tuple[str, str]:
+    """The name of the `index`th event of a list and the text of one of its fields, as well as they can be read."""
+    try:
+        value = msgspec.json.decode(text, type=list[msgspec.Raw])[index]
+        name = msgspec.json.decode(value, type=dict[str, msgspec.Raw]).get("name", b'"?"')
+        for key in field.split("."):
+            value = msgspec.json.decode(value, type=dict[str, msgspec.Raw])[key]
+        return bytes(name).decode(errors="replace"), bytes(value).decode(errors="replace")
+    except (msgspec.MsgspecError, RecursionError, IndexError, KeyError):
+        return "name unknown", "out of range"
+
+
+def _malformed_at(error: msgspec.DecodeError) -> int | None:
+    """Where the text is not JSON, or None if the error is only that it ended too soon."""
+    found = _ERROR_BYTE.search(str(error))
+    return None if found is None else int(found.group(1))
+
+
+def _malformed_message(source: str, text: bytes | bytearray | memoryview, error: msgspec.DecodeError, offset: int) -> str:
+    """Says where the text stops being JSON (`offset`: where `text` starts in the profile's text)."""
+    at = _malformed_at(error)
+    if at is None:
+        return (
+            f"profile {source!r} is not valid JSON ({error}); expected the JSON list of trace events that "
+            "onnxruntime writes with enable_profiling=True"
+        )
+    before = max(0, at - 300)
+    window = bytes(text[before : at + 300])
+    for match in _NON_FINITE.finditer(window, 0, at - before + len(b"-Infinity")):
+        if match.start(2) <= at - before < match.end(2):
+            event = window[window.rfind(b"{", 0, match.start()) + 1 :]
+            event = event[: min(i for i in (event.find(b"{"), event.find(b"}"), len(event)) if i >= 0)]
+            name = _NAME_FIELD.search(event)
+            where = f"trace event {name.group(1).decode(errors='replace')!r}" if name else "a trace event"
+            field = match.group(1).decode(errors="replace") if match.group(1) is not None else "a value"
+            return (
+                f"profile {source!r}: {where} has {field} {match.group(2).decode()} (byte {offset + at} of its JSON "
+                "text); expected a number: JSON has no NaN or Infinity, and onnxruntime never writes them"
+            )
+    return (
+        f"profile {source!r} is not valid JSON: byte {offset + at} of its text starts {window[at - before :][:20]!r} "
+        f"({error}); expected the JSON list of trace events that onnxruntime writes with enable_profiling=True"
+    )
 
 
 def empty_message(source: str) -> str:
     return f"profile {source!r} is empty; expected a JSON list of trace events"
 
 
-def decode_events(text: bytes | bytearray, source: str, *, events_before: int = 0) -> tuple[list[AnyEvent], bool]:
+def decode_events(
+    text: bytes | bytearray | memoryview, source: str, *, events_before: int = 0, offset: int = 0
+) -> tuple[list[AnyEvent], bool]:
     """Decodes a JSON list of trace events; a list cut short gives its complete events and True.
 
     Args:
@@ -95,23 +189,21 @@ def decode_events(text: bytes | bytearray, source: str, *, events_before: int = 
         source: the file it came from, for messages.
         events_before: events already read before `text`, which then starts between two events of a longer
             list: a tail holding no complete event is the cut end of that list, not garbage.
+        offset: where `text` starts in the profile's text, for messages.
 
     Raises:
         ProfileFormatError: the text is not JSON (and not a cut list), or JSON that is not a list of events.
     """
     try:
-        return _decode_list(text), False
-    except msgspec.ValidationError as e:
-        raise ProfileFormatError(_foreign_message(source, e)) from e
+        return _decode_list(text, source, events_before=events_before), False
     except msgspec.DecodeError as e:
-        events = _recover_truncated(text)
+        if _malformed_at(e) is not None:  # not JSON before its end: not a list cut short
+            raise ProfileFormatError(_malformed_message(source, text, e, offset)) from e
+        events = _recover_truncated(text, source, events_before)
         if events is None and events_before:
             events = []
         if events is None:
-            raise ProfileFormatError(
-                f"profile {source!r} is not valid JSON ({e}); expected the JSON list of trace "
-                "events that onnxruntime writes with enable_profiling=True"
-            ) from e
+            raise ProfileFormatError(_malformed_message(source, text, e, offset)) from e
         return events, True
 
 
@@ -122,7 +214,7 @@ def _foreign_message(source: str, error: Exception) -> str:
     )
 
 
-def _recover_truncated(text: bytes | bytearray) -> list[AnyEvent] | None:
+def _recover_truncated(text: bytes | bytearray | memoryview, source: str, events_before: int) -> list[AnyEvent] | None:
     """Returns the complete events before the cut of a truncated list, or None if it is not one."""
     if not _LIST_START.match(text):
         return None
@@ -132,8 +224,8 @@ def _recover_truncated(text: bytes | bytearray) -> list[AnyEvent] | None:
         if end < 0:
             return None
         try:
-            events = _decode_list(text[: end + 1] + b"]")
-        except msgspec.ValidationError:
+            events = _decode_list(bytes(text[: end + 1]) + b"]", source, events_before=events_before)
+        except ProfileFormatError:
             return None
         except msgspec.DecodeError:
             continue
@@ -231,45 +323,109 @@ def _batches(text: _BlockText | _MappedText, source: str) -> Iterator[tuple[list
     are decoded as one list, so the whole text is never decoded at once. Cutting at newlines is right for any
     layout: a raw newline never occurs inside a JSON string, and no proper prefix of an object is an object, so
     lines that decode as a list of objects end between two events. The comma before the cut becomes the list's
-    closing bracket, the newline after it the next list's opening one: nothing is copied. When a cut falls inside
-    an event (a pretty-printed file), the rest of the text is decoded in one go, as a whole file would be.
+    closing bracket, the newline after it the next list's opening one: nothing is copied. Text whose lines are not
+    one event each (one long line, a pretty-printed list) is cut at the commas of the list instead (`ListCommas`),
+    the comma becoming first the closing bracket, then the opening one. Either way memory holds about a block of
+    text and its events, whatever the layout; text that is not JSON is rejected within a few MiB of its start.
     """
-    if not text.open():  # empty, or not a list: let the whole-text decoder say what it is
-        if text.start == text.length and not text.more():
-            raise ProfileFormatError(empty_message(source))
-        yield decode_events(text.rest(), source)
-        return
-    events_before = 0
+    if not text.open():  # empty, or not a list
+        _reject_what_is_not_a_list(text, source)
+    events_before, commas, check_above = 0, None, _FIRST_CHECK_BYTES
     while True:
         buffer = text.buffer  # a block text may have moved to a larger buffer
-        cut = buffer.rfind(b"\n", text.searched, text.length)
-        text.searched = text.length
-        end = cut - 1
-        while cut >= 0 and buffer[end] in _BLANKS:
-            end -= 1
-        if cut < 0 or end == text.start:  # no line, or nothing but the bracket so far
+        cut = _line_cut(text) if commas is None else _list_cut(text, commas)
+        if cut is None:  # the list's end, or lines that are not one event each
+            if buffer[_last_line_end(text)] == _CLOSE and not text.more():
+                break
+            commas, text.searched = ListCommas(), text.start + 1
+            continue
+        end, next_start = cut
+        if end < 0:  # no cut in the text so far
+            if commas is None and text.length - text.start > _LINE_BYTES:
+                commas, text.searched = ListCommas(), text.start + 1
+                continue
             if not text.more():
                 break
+            if text.length - text.start > check_above:  # one long element, or text that is not JSON?
+                _reject_if_not_json(text, source, events_before)
+                check_above *= 2
             continue
-        if buffer[end] != _COMMA:  # the end of the list, or lines that are not one event each
-            break
         buffer[end] = _CLOSE
         try:
-            events = _decode_list(memoryview(buffer)[text.start : end + 1])
-        except msgspec.ValidationError as e:
-            raise ProfileFormatError(_foreign_message(source, e)) from e
-        except msgspec.DecodeError:  # the cut fell inside an event
+            events = _decode_list(memoryview(buffer)[text.start : end + 1], source, events_before=events_before)
+        except msgspec.DecodeError as e:
             buffer[end] = _COMMA
-            break
+            at = _malformed_at(e)
+            if commas is None and (at is None or at >= end - text.start):  # the cut fell inside an event
+                commas, text.searched = ListCommas(), text.start + 1
+                continue
+            piece = memoryview(buffer)[text.start : end + 1]
+            raise ProfileFormatError(_malformed_message(source, piece, e, text.offset(text.start))) from e
         yield events, False
         events_before += len(events)
         del events
-        buffer[cut] = _OPEN
-        text.start = cut
-        text.done_before(cut)
+        buffer[next_start] = _OPEN
+        text.start, check_above = next_start, _FIRST_CHECK_BYTES
+        text.done_before(next_start)
         if not text.more():
             break
-    yield decode_events(text.rest(), source, events_before=events_before)
+    yield decode_events(text.rest(), source, events_before=events_before, offset=text.offset(text.start))
+
+
+def _line_cut(text: _BlockText | _MappedText) -> tuple[int, int] | None:
+    """(comma, newline) of the last line of the new text that ends with a comma, (-1, -1) if none yet, or None
+    if the last line ends with something else (the end of the list, or lines that are not one event each)."""
+    buffer = text.buffer
+    cut = buffer.rfind(b"\n", text.searched, text.length)
+    text.searched = text.length
+    end = cut - 1
+    while cut >= 0 and buffer[end] in _BLANKS:
+        end -= 1
+    if cut < 0 or end == text.start:  # no line, or nothing but the bracket so far
+        return -1, -1
+    return (end, cut) if buffer[end] == _COMMA else None
+
+
+def _last_line_end(text: _BlockText | _MappedText) -> int:
+    end = text.buffer.rfind(b"\n", text.start, text.length) - 1
+    while text.buffer[end] in _BLANKS:
+        end -= 1
+    return end
+
+
+def _list_cut(text: _BlockText | _MappedText, commas: ListCommas) -> tuple[int, int]:
+    """(comma, comma) of the last comma between two events in the new text, or (-1, -1) if none."""
+    last, scanned = commas.scan(memoryview(text.buffer)[text.searched : text.length])
+    comma = -1 if last < 0 else text.searched + last
+    text.searched += scanned
+    return comma, comma
+
+
+def _reject_if_not_json(text: _BlockText | _MappedText, source: str, events_before: int) -> None:
+    """Raises ProfileFormatError if the text so far is not the start of a JSON list of events."""
+    head = memoryview(text.buffer)[text.start : text.length]
+    try:
+        _decode_list(head, source, events_before=events_before)
+    except msgspec.DecodeError as e:
+        if _malformed_at(e) is not None:
+            raise ProfileFormatError(_malformed_message(source, head, e, text.offset(text.start))) from e
+
+
+def _reject_what_is_not_a_list(text: _BlockText | _MappedText, source: str) -> None:
+    """Raises ProfileFormatError for a text that does not start with a list: says what it is, from its start."""
+    if text.start >= text.length and not text.more():
+        raise ProfileFormatError(empty_message(source))
+    head = text.head()
+    if head[0] not in _JSON_STARTS:  # not JSON from its first byte on: no need to read further
+        raise ProfileFormatError(
+            f"profile {source!r} is not valid JSON: its text starts {bytes(head[:20])!r}; expected the JSON list "
+            "of trace events that onnxruntime writes with enable_profiling=True"
+        )
+    try:
+        _decode_list(head, source)
+    except msgspec.DecodeError as e:
+        raise ProfileFormatError(_malformed_message(source, head, e, text.offset(text.start))) from e
+    raise AssertionError("a text that is not a list decoded as one")
 
 
 class _BlockText:
@@ -285,6 +441,11 @@ class _BlockText:
         self._blocks = blocks
         self.buffer = bytearray(2**16)
         self.start = self.length = self.searched = 0
+        self._dropped = 0  # text moved out of the buffer's front
+
+    def offset(self, position: int) -> int:
+        """Where a position in the buffer is in the whole text."""
+        return self._dropped + position
 
     def open(self) -> bool:
         """Finds the first character that is not blank: True if it opens a list."""
@@ -317,10 +478,15 @@ class _BlockText:
         elif self.start:
             memoryview(self.buffer)[:kept] = bytes(text)  # the two may overlap
         self.length, self.searched = kept, self.searched - self.start
+        self._dropped += self.start
         self.start = 0
 
     def done_before(self, offset: int) -> None:
         pass  # the text before `offset` is dropped when room is made
+
+    def head(self) -> memoryview:
+        """The text read so far, from `start`."""
+        return memoryview(self.buffer)[self.start : self.length]
 
     def rest(self) -> bytes:
         rest = bytearray(memoryview(self.buffer)[self.start : self.length])
@@ -356,6 +522,9 @@ class _MappedText:
             raise ValueError(f"offset {offset} holds {bytes([self.buffer[offset]])!r}, not a comma between events")
         self.buffer[offset] = bracket
 
+    def offset(self, position: int) -> int:
+        return position
+
     def open(self) -> bool:
         self.start = _LEADING_BLANKS.match(self.buffer, self.start, self._end).end()
         self.length = self.searched = min(self.start + 1, self._end)
@@ -373,6 +542,10 @@ class _MappedText:
         if release > self._released and hasattr(mmap, "MADV_DONTNEED"):
             self.buffer.madvise(mmap.MADV_DONTNEED, self._released, release - self._released)
             self._released = release
+
+    def head(self) -> memoryview:
+        """The text from `start` to the end of the stretch, where it lies: decoding it reads only what it needs."""
+        return memoryview(self.buffer)[self.start : self._end]
 
     def rest(self) -> bytes:
         return self.buffer[self.start : self._end]
