@@ -148,7 +148,9 @@ def _malformed_at(error: msgspec.DecodeError) -> int | None:
     return None if found is None else int(found.group(1))
 
 
-def _malformed_message(source: str, text: bytes | bytearray | memoryview, error: msgspec.DecodeError, offset: int) -> str:
+def _malformed_message(
+    source: str, text: bytes | bytearray | memoryview, error: msgspec.DecodeError, offset: int
+) -> str:
     """Says where the text stops being JSON (`offset`: where `text` starts in the profile's text)."""
     at = _malformed_at(error)
     if at is None:
