@@ -313,6 +313,8 @@ def _release_memory() -> None:
 
 
 def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:
+    # When the run starts, or would have: a run uploaded later starts then too, in its study's order.
+    record.start_time_ms = int(time.time() * 1000)
     try:
         mlflow_log.ensure_reachable()
         with mlflow_log.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:

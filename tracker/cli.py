@@ -113,17 +113,22 @@ def _compare(args: argparse.Namespace) -> int:
 def _upload(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tracker import mlflow_log
-    from tracker.record import find_records, outbox_root
+    from tracker import mlflow_log, upload
+    from tracker.record import outbox_root
+    from tracker.redaction import redact_uri
 
     folder = Path(args.folder) if args.folder else outbox_root()
-    if not find_records(folder):
+    if not upload.has_pending(folder):
         print(f"nothing to upload under {folder}")
         return 0
     uri = mlflow_log.setup_tracking()
-    runs = mlflow_log.upload_records(folder)
-    print(f"uploaded {len(runs)} attempt run(s) to {mlflow_log.redact(uri)}: {', '.join(runs)}")
-    return 0
+    done = upload.upload_outbox(folder)
+    print(f"uploaded {len(done.run_ids)} attempt run(s) to {redact_uri(uri)}: {', '.join(done.run_ids) or '-'}")
+    for run_id in done.studies:
+        print(f"study run {run_id}: summary and report logged, rebuilt from its attempt runs")
+    for path, reason in done.refused.items():
+        print(f"error: {reason}; not uploaded: it stays in {path}", file=sys.stderr)
+    return 2 if done.refused else 0
 
 
 def _add_feed_options(parser: argparse.ArgumentParser) -> None:

@@ -23,3 +23,7 @@ class TrackingServerError(TrackerError, ConnectionError):
 
 class UnsupportedOpError(TrackerError, ValueError):
     """A model uses an op that the runtime asked to run it does not implement."""
+
+
+class RecordError(TrackerError, ValueError):
+    """A record kept in the outbox cannot be uploaded: unreadable, malformed, or naming files outside its folder."""

@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlflow
 import onnx
@@ -25,6 +26,9 @@ from tracker.keys import metric_keys, sanitize_key
 from tracker.record import AttemptRecord
 from tracker.settings import resolve_tracking_uri
 from tracker.steps import StepTimes
+
+if TYPE_CHECKING:
+    from tracker.report import StudyReport
 
 logger = logging.getLogger(__name__)
 
@@ -291,50 +295,59 @@ def _pip_requirements() -> list[str]:
     return [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime")]
 
 
-def upload_records(root: Path) -> list[str]:
-    """Logs every record kept under `root` (see `tracker.record`) and removes it once logged.
+def log_kept_record(record: AttemptRecord, *, source: Path) -> str:
+    """Logs a record the outbox kept (`tracker.upload`) as a new attempt run; returns the run's id.
 
-    A record whose run was created before the failure gets a fresh run; the partial one is marked
-    FAILED and points at its replacement. Parent study runs left RUNNING are ended as FINISHED.
-
-    Returns:
-        The ids of the runs created.
+    The run goes under its study run and into its experiment when they still exist, and it starts at
+    `record.start_time_ms` (when it would have started), so the study's attempts keep their order. A
+    run created for the record before the failure is marked FAILED and `tracker.superseded_by` the new one.
     """
-    import shutil
-
-    from tracker.record import find_records, find_summaries, load_record
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.tracking.fluent import _get_experiment_id
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
     client = mlflow.MlflowClient()
-    created, parents = [], set()
-    for folder in find_records(root):
-        record = load_record(folder)
-        parent = record.parent_run_id if record.parent_run_id and _run_exists(client, record.parent_run_id) else None
-        experiment_id = record.experiment_id if record.experiment_id and _experiment_exists(client, record.experiment_id) else None
-        with attempt_run(record.study, record.attempt, record.runtime, status=record.status,
-                         parent_run_id=parent, experiment_id=experiment_id) as run:
-            log_record(record)
-            mlflow.set_tag("tracker.uploaded_from", str(folder))
-        if record.run_id and _run_exists(client, record.run_id):
-            client.set_tag(record.run_id, "tracker.superseded_by", run.info.run_id)
-            client.set_terminated(record.run_id, status="FAILED")
-        if parent:
-            parents.add(parent)
-        created.append(run.info.run_id)
-        shutil.rmtree(folder)
-        logger.info("uploaded %s as run %s", folder, run.info.run_id)
-    for path in find_summaries(root):
-        summary = json.loads(path.read_text())
-        parent = summary["parent_run_id"]
-        if _run_exists(client, parent):
-            with mlflow.start_run(run_id=parent):
-                log_study_summary(summary["rows"], metrics=summary["metrics"], best=summary["best"])
-            parents.add(parent)
-        path.unlink()
-    for parent in parents:
-        client.set_tag(parent, "tracker.uploaded_later", "true")
-        if client.get_run(parent).info.status != "FINISHED":
-            client.set_terminated(parent, status="FINISHED")
-    return created
+    tags = {TAG_ATTEMPT: record.attempt, TAG_RUNTIME: record.runtime, TAG_ROLE: "attempt",
+            "tracker.uploaded_from": str(source)}
+    if record.study:
+        tags[TAG_STUDY] = record.study
+    experiment_id = record.experiment_id
+    if experiment_id and not _experiment_exists(client, experiment_id):
+        experiment_id = None
+    if record.parent_run_id and _run_exists(client, record.parent_run_id):
+        tags[MLFLOW_PARENT_RUN_ID] = record.parent_run_id
+        experiment_id = client.get_run(record.parent_run_id).info.experiment_id  # a child lives with its parent
+    run = client.create_run(experiment_id or _get_experiment_id(), start_time=record.start_time_ms,
+                            tags=resolve_tags(tags), run_name=record.attempt)
+    mlflow.start_run(run_id=run.info.run_id, nested=mlflow.active_run() is not None)
+    try:
+        log_record(record)
+    except BaseException:
+        end_run_quietly("FAILED")
+        raise
+    mlflow.end_run(status=record.status)
+    if record.run_id and _run_exists(client, record.run_id):
+        client.set_tag(record.run_id, "tracker.superseded_by", run.info.run_id)
+        client.set_terminated(record.run_id, status="FAILED")
+    return run.info.run_id
+
+
+def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = None,
+                       report: StudyReport | None = None) -> None:
+    """Logs on a study run the summary (`log_study_summary`'s arguments) and the report its process could
+    not, when given, and tags it `tracker.uploaded_later`. A run an outage left RUNNING ends FINISHED; one
+    that had ended keeps its status."""
+    status = mlflow.MlflowClient().get_run(run_id).info.status
+    status = "FINISHED" if status == "RUNNING" else status
+    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+    try:
+        mlflow.set_tag("tracker.uploaded_later", "true")
+        if summary is not None:
+            log_study_summary(**summary)
+        if report is not None:
+            log_study_report(report.html, report.tables)
+    finally:
+        end_run_quietly(status)
 
 
 def _run_exists(client, run_id: str) -> bool:

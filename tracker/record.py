@@ -6,8 +6,13 @@ import json
 import os
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+import stat
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
+
+from tracker.errors import RecordError
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
@@ -28,6 +33,8 @@ class AttemptRecord:
         tables: names of `artifact_dir/tables/<name>.csv` also logged with `mlflow.log_table`.
         model_path: the model file, logged with the onnx flavor if `model_flavor`, else as an artifact.
         run_id, parent_run_id, experiment_id: where it was (or was meant to be) logged.
+        start_time_ms: when its run started, or would have (epoch ms): an uploaded run starts then, so a
+            study's attempts keep their order.
     """
 
     attempt: str
@@ -47,6 +54,10 @@ class AttemptRecord:
     run_id: str | None = None
     parent_run_id: str | None = None
     experiment_id: str | None = None
+    start_time_ms: int | None = None
+
+
+STATUSES = ("FINISHED", "FAILED")
 
 
 def outbox_root() -> Path:
@@ -65,6 +76,10 @@ def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
         folder = root / parent / _SAFE.sub("_", f"{record.attempt}-{suffix}")
     folder.mkdir(parents=True)
     saved = AttemptRecord(**asdict(record))
+    # As MLflow will store them, so that the saved record has the types `load_record` checks.
+    saved.params = {str(k): str(v) for k, v in record.params.items()}
+    saved.tags = {str(k): str(v) for k, v in record.tags.items()}
+    saved.metrics = {str(k): float(v) for k, v in record.metrics.items()}
     if record.artifact_dir and Path(record.artifact_dir).is_dir():
         shutil.copytree(record.artifact_dir, folder / "artifacts")
         saved.artifact_dir = "artifacts"
@@ -85,10 +100,28 @@ def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
 
 
 def load_record(folder: str | Path) -> AttemptRecord:
-    """Reads a record saved by `save_record`, with its paths made absolute again."""
+    """Reads a record saved by `save_record`, with its paths made absolute again.
+
+    Everything is checked before anything is uploaded: the keys and their types, and every file the
+    record names must be a regular file inside `folder`, reached through no symbolic link.
+
+    Raises:
+        RecordError: the record is unreadable or malformed, or names a file it must not (the message
+            names the record and the path).
+    """
     folder = Path(folder)
-    data = json.loads((folder / RECORD_FILE).read_text())
+    path = folder / RECORD_FILE
+    data = _read_json(path, "record")
+    problem = _field_problem(data, AttemptRecord)
+    if problem:
+        raise RecordError(f"record {path}: {problem}")
     record = AttemptRecord(**data)
+    if record.status not in STATUSES:
+        raise RecordError(f"record {path}: 'status' must be one of {', '.join(STATUSES)}, got {record.status!r}")
+    try:
+        _check_files(record, folder)
+    except _Refused as e:
+        raise RecordError(f"record {path}: {e}") from None
     if record.artifact_dir:
         record.artifact_dir = str(folder / record.artifact_dir)
     record.files = {str(folder / p): a for p, a in record.files.items()}
@@ -104,6 +137,31 @@ def save_summary(summary: dict, *, study: str, parent_run_id: str, root: Path | 
     path = folder / SUMMARY_FILE
     path.write_text(json.dumps({"study": study, "parent_run_id": parent_run_id, **summary}, indent=1, default=str))
     return path
+
+
+def load_summary(path: str | Path) -> dict:
+    """Reads a summary saved by `save_summary`: its `study`, `parent_run_id` and `metrics` are checked.
+
+    Raises:
+        RecordError: the file is unreadable or malformed.
+    """
+    path = Path(path)
+    data = _read_json(path, "study summary")
+    read = [f.name for f in fields(_SavedSummary)]  # the rows and best attempt are rebuilt from the runs
+    problem = _field_problem({k: v for k, v in data.items() if k in read} if isinstance(data, dict) else data,
+                             _SavedSummary)
+    if problem:
+        raise RecordError(f"study summary {path}: {problem}")
+    return data
+
+
+@dataclass
+class _SavedSummary:
+    """What upload reads of a saved summary."""
+
+    study: str
+    parent_run_id: str
+    metrics: dict[str, float]
 
 
 def find_summaries(root: str | Path) -> list[Path]:
@@ -122,4 +180,144 @@ def _copy_external_data(model: Path, target_dir: Path) -> None:
     proto = onnx.load(str(model), load_external_data=False)
     locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
     for location in locations:
+        (target_dir / location).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model.parent / location, target_dir / location)
+
+
+_ONLY = "upload reads only regular files inside the record's folder, never through a symbolic link"
+
+
+class _Refused(Exception):
+    """A path of a record that upload must not read (the reason is the message)."""
+
+
+def _read_json(path: Path, what: str) -> object:
+    for link in (path.parent, path):
+        if link.is_symlink():
+            raise RecordError(f"{what} {path}: {link} is a symbolic link (to {os.readlink(link)}); {_ONLY}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError(f"{what} {path}: cannot be read ({e})") from None
+    except json.JSONDecodeError as e:
+        raise RecordError(f"{what} {path}: not valid JSON ({e})") from None
+
+
+def _field_problem(data: object, cls: type) -> str | None:
+    """What is wrong with `data` as the keyword arguments of the dataclass `cls`, or None."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got {type(data).__name__}"
+    hints = typing.get_type_hints(cls)
+    unknown = [k for k in data if k not in hints]
+    if unknown:
+        return f"unknown keys {_names(unknown)} (a record has {_names(hints)})"
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    missing = [k for k in required if k not in data]
+    if missing:
+        return f"missing keys {_names(missing)}"
+    wrong = [f"{k!r} must be {_describe(hints[k])}, got {_shorten(v)}" for k, v in data.items()
+             if not _matches(v, hints[k])]
+    return "; ".join(wrong) or None
+
+
+def _matches(value: object, hint: object) -> bool:
+    """Whether a JSON value has the type `hint` (str, int, float, bool, None, X | Y, list[X], dict[K, V])."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_matches(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items())
+    if hint is type(None):
+        return value is None
+    if isinstance(value, bool):  # JSON true is not a number
+        return hint is bool
+    if hint is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, hint)
+
+
+def _describe(hint: object) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("NoneType", "null")
+
+
+def _names(keys) -> str:
+    return ", ".join(repr(k) for k in keys)
+
+
+def _shorten(value: object, limit: int = 60) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_files(record: AttemptRecord, folder: Path) -> None:
+    """Raises `_Refused` unless every file the record names is a regular file inside `folder`."""
+    if record.artifact_dir:
+        artifacts = _own_path(folder, record.artifact_dir, "'artifact_dir'", is_dir=True)
+        _check_tree(folder, artifacts, "'artifact_dir'")
+        for name in record.tables:
+            _artifact_name(name, "a table name in 'tables'")
+            _own_path(folder, str(Path(record.artifact_dir) / "tables" / f"{name}.csv"), "'tables'")
+    elif record.tables:
+        raise _Refused("'tables' names tables but there is no 'artifact_dir'")
+    for path, artifact_folder in record.files.items():
+        _own_path(folder, path, "'files'")
+        _artifact_name(artifact_folder, f"the artifact folder of {path!r} in 'files'")
+    if record.model_path:
+        model = _own_path(folder, record.model_path, "'model_path'")
+        for location in _external_data(model):
+            _own_path(folder, str(Path(record.model_path).parent / location),
+                      f"the external data of {record.model_path!r}")
+
+
+def _own_path(folder: Path, relative: str, what: str, *, is_dir: bool = False) -> Path:
+    """`folder/relative` if it is a regular file (a folder if `is_dir`) inside `folder`, with no link on the way."""
+    if Path(relative).is_absolute():
+        raise _Refused(f"{what} names {relative!r}, an absolute path; {_ONLY}")
+    if ".." in Path(relative).parts:
+        raise _Refused(f"{what} names {relative!r}, which leaves the record's folder; {_ONLY}")
+    path = folder
+    for part in Path(relative).parts:
+        path = path / part
+        if path.is_symlink():
+            raise _Refused(f"{what} names {relative!r}, and {path.relative_to(folder)} is a symbolic link "
+                           f"(to {os.readlink(path)}); {_ONLY}")
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        raise _Refused(f"{what} names {relative!r}, which does not exist") from None
+    if not (stat.S_ISDIR(mode) if is_dir else stat.S_ISREG(mode)):
+        raise _Refused(f"{what} names {relative!r}, which is not a {'folder' if is_dir else 'regular file'}; {_ONLY}")
+    return path
+
+
+def _check_tree(folder: Path, root: Path, what: str) -> None:
+    """Every entry under `root` must be a regular file or a folder: no link, no device, no pipe."""
+    for parent, dirs, files in os.walk(root):  # does not follow links to folders
+        for name in dirs + files:
+            path = Path(parent) / name
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise _Refused(f"{what} holds {path.relative_to(folder)}, a symbolic link (to {os.readlink(path)}); "
+                               f"{_ONLY}")
+            if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+                raise _Refused(f"{what} holds {path.relative_to(folder)}, which is not a regular file; {_ONLY}")
+
+
+def _artifact_name(name: str, what: str) -> None:
+    """An artifact folder or table name is a relative path that stays inside the run's artifacts."""
+    if not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        raise _Refused(f"{what} is {name!r}; expected a relative artifact path without '..'")
+
+
+def _external_data(model: Path) -> set[str]:
+    """The files a model's initializers keep their data in, relative to the model's folder."""
+    import onnx
+
+    try:
+        proto = onnx.load(str(model), load_external_data=False)
+    except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
+        raise _Refused(f"'model_path' names {model.name!r}, which is not an ONNX model "
+                       f"({type(e).__name__}: {e})") from None
+    return {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
