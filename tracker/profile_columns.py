@@ -16,7 +16,7 @@ import msgspec
 import numpy as np
 
 from tracker import columns as C
-from tracker.profile_stream import AnyEvent, Args
+from tracker.profile_events import AnyEvent, Args
 
 KERNEL_SUFFIX = "_kernel_time"
 _FENCE_SUFFIX = "_fence_before"

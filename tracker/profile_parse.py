@@ -19,14 +19,8 @@ import pandas as pd
 from tracker import columns as C
 from tracker.errors import ProfileFormatError
 from tracker.profile_columns import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
-from tracker.profile_stream import (
-    decode_events,
-    empty_message,
-    event_commas,
-    iter_blocks,
-    iter_event_batches,
-    iter_mapped_batches,
-)
+from tracker.profile_events import decode_events, empty_message
+from tracker.profile_stream import event_commas, iter_blocks, iter_event_batches, iter_mapped_batches
 from tracker.profile_worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -318,7 +312,7 @@ def _table(columns: KernelColumns, runs: pd.DataFrame, source: str) -> pd.DataFr
     for column in STRING_COLUMNS:
         data[column] = _strings(gathered.distinct[column], gathered.codes.pop(column), convert.get(column))
     data |= {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
-    # Each duration fits in int64 (profile_stream bounds it), but their sum, which every summary takes, may not.
+    # Each duration fits in int64 (profile_events bounds it), but their sum, which every summary takes, may not.
     if data[C.DUR_US].sum(dtype=np.float64) >= 2**63:
         raise ProfileFormatError(
             f"the kernel durations of profile {source!r} add up to more than 2**63 microseconds; expected durations "
