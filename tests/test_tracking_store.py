@@ -102,3 +102,16 @@ def _wait_for_attempt_runs(db: Path, proc: subprocess.Popen, *, count: int, time
                 return
         time.sleep(0.1)
     raise AssertionError(f"fewer than {count} runs started within {timeout_s} s")
+
+
+def test_the_server_wrapper_without_psycopg2_says_which_extra_to_install_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    from tracker.server.__main__ import main as server_main
+
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # what an environment without the `server` extra has
+    assert server_main(["--dir", str(tmp_path / "server")]) == 2
+    err = capsys.readouterr().err
+    assert "psycopg2" in err and "pip install 'onnx-optimization-tracker[server]'" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "server" / "postgres").exists(), "PostgreSQL was started anyway"

@@ -20,6 +20,7 @@ from tracker.attempt import Attempt, AttemptResult, MeasureConfig, check_name, m
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.speedup import verdict
 from tracker.steps import StepTimes
+from tracker.termination import sigterm_as_exit
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +94,9 @@ class Study:
 
     def __enter__(self) -> Study:
         mlflow_log.setup_tracking(self.tracking_uri)
+        # SIGTERM (`timeout`, a CI cancel) unwinds like Ctrl-C: runs end FAILED, the work folder goes.
+        self._sigterm = sigterm_as_exit()
+        self._sigterm.__enter__()
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
         params = {**self.config.params(), **self.params}
@@ -192,6 +196,7 @@ class Study:
             self._run_cm = None
             if not self._workdir_given and self._workdir is not None:
                 shutil.rmtree(self._workdir, ignore_errors=True)
+            self._sigterm.__exit__(None, None, None)
 
 
 def log_attempt(

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 
 from tracker.errors import TrackerError
+from tracker.redaction import redact
+from tracker.termination import sigterm_as_exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -18,9 +20,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "progress", True):
         logging.getLogger("tracker").setLevel(logging.INFO)
     try:
-        return args.func(args)
+        with sigterm_as_exit():  # `timeout`, a CI cancel: runs end FAILED, exit 143
+            return args.func(args)
     except (TrackerError, ValueError, ConnectionError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)
         return 2
 
 
@@ -184,10 +187,11 @@ def _profile(args: argparse.Namespace) -> int:
     from tracker.attempt import MeasureConfig
     from tracker.feeds import make_feeds
     from tracker.latency import TimingConfig
-    from tracker.model_io import load_model
+    from tracker.model_io import check_ort_ops, load_model
     from tracker.ort_runtime import SessionConfig
 
     model = load_model(args.model)
+    check_ort_ops(model, source=repr(args.model))  # before any run is made
     feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
     session = SessionConfig(graph_optimization_level=args.opt_level,
                             **({"intra_op_num_threads": args.threads} if args.threads else {}))
@@ -195,6 +199,11 @@ def _profile(args: argparse.Namespace) -> int:
                            timing=TimingConfig(min_seconds=args.min_seconds))
     result = log_attempt(args.model, feeds, name=args.name, experiment=args.experiment, config=config,
                          session=session)
+    if result.run_id is None:
+        failed = f" (and the attempt failed: {result.error})" if not result.ok else ""
+        print(f"error: attempt {args.name} could not be logged{failed}; it is kept in {result.outbox}: send it "
+              f"with `tracker upload {result.outbox}` once the tracking store answers", file=sys.stderr)
+        return 2
     if not result.ok:
         print(f"error: attempt {args.name} failed: {result.error}", file=sys.stderr)
         return 1

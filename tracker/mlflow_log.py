@@ -21,11 +21,15 @@ import onnx
 import pandas as pd
 
 from tracker import columns as C
-from tracker.errors import TrackingServerError
+from tracker.errors import TrackerError, TrackingServerError
 from tracker.keys import metric_keys, sanitize_key
+from tracker.model_io import load_model
 from tracker.record import AttemptRecord
-from tracker.settings import resolve_tracking_uri
+from tracker.redaction import protect_uri, redact_uri, without_credentials
+from tracker.redaction import redact as redact_text
+from tracker.settings import resolve_tracking_uri, server_timeout_s
 from tracker.steps import StepTimes
+from tracker.termination import deferred, defers_sigterm
 
 if TYPE_CHECKING:
     from tracker.report import StudyReport
@@ -45,26 +49,45 @@ TAG_DISTURBED = "tracker.disturbed"  # measuring steps other processes disturbed
 _MAX_TAG_CHARS = 5000
 
 
-def setup_tracking(uri: str | None = None, *, timeout_s: float = 5.0) -> str:
-    """Points MLflow at `uri` (default: `settings.resolve_tracking_uri()`) and checks a server answers.
+def setup_tracking(uri: str | None = None, *, timeout_s: float | None = None) -> str:
+    """Points MLflow at `uri` (default: `settings.resolve_tracking_uri()`) and checks its store answers.
+
+    Before any work is done: an http(s) server must answer a real read of its store (its /health stays
+    200 while its database is down), and a local store must open. MLflow's HTTP retries are bounded by
+    `timeout_s` (default `settings.server_timeout_s()`), and the URI's password is kept out of all output.
 
     Raises:
-        TrackingServerError: an http(s) tracking server does not answer, before any work is done.
+        TrackingServerError: the server or its store does not answer, or the store cannot be opened.
     """
     uri = uri or resolve_tracking_uri()
+    protect_uri(uri)
+    timeout_s = server_timeout_s() if timeout_s is None else timeout_s
     if uri.startswith(("http://", "https://")):
+        bound_http_retries(timeout_s)
         _check_server(uri, timeout_s)
-    elif uri.startswith("sqlite:///"):
-        _create_sqlite_tables(uri)
+    else:
+        _open_store(uri)
     mlflow.set_tracking_uri(uri)
     return uri
 
 
+def bound_http_retries(timeout_s: float) -> None:
+    """Makes one MLflow HTTP call give up after about `timeout_s` instead of ~4 minutes of retries.
+
+    MLflow's defaults (7 retries, backoff 2 s doubling, 120 s per request) suit a rate-limited hosted
+    service; against a team server whose database is down they stall a study for minutes per call.
+    Settings the user made (the `MLFLOW_HTTP_REQUEST_*` variables) are kept.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")  # waits 0 s, then 2 s
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, int(timeout_s / 3))))
+
+
 def ensure_reachable(*, timeout_s: float = 5.0) -> None:
-    """Checks the current tracking server answers (no-op for a local store).
+    """Checks the current tracking server and its store answer (no-op for a local store).
 
     Raises:
-        TrackingServerError: it does not.
+        TrackingServerError: they do not.
     """
     uri = mlflow.get_tracking_uri()
     if uri.startswith(("http://", "https://")):
@@ -72,57 +95,116 @@ def ensure_reachable(*, timeout_s: float = 5.0) -> None:
 
 
 def _check_server(uri: str, timeout_s: float) -> None:
+    """One search of the store's experiments, authenticated as MLflow's client would be, no retries."""
     import base64
     from urllib.parse import unquote, urlsplit, urlunsplit
 
     # urllib does not take credentials from the URL (it would resolve "user:pw@host" as a host name);
     # MLflow's client sends them as basic auth, so the check does too.
     parts = urlsplit(uri)
-    host = parts.hostname or ""
-    netloc = f"[{host}]" if ":" in host else host
-    netloc += f":{parts.port}" if parts.port else ""
-    request = urllib.request.Request(urlunsplit(parts._replace(netloc=netloc)).rstrip("/") + "/health")
-    if parts.username is not None:
-        token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()).decode()
+    base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+    request = urllib.request.Request(base + "/api/2.0/mlflow/experiments/search?max_results=1")
+    username = parts.username if parts.username is not None else os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = parts.password if parts.username is not None else os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if username is not None:
+        token = base64.b64encode(f"{unquote(username)}:{unquote(password or '')}".encode()).decode()
         request.add_header("Authorization", f"Basic {token}")
+    elif os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    shown = redact_uri(uri)
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            response.read()
-    except (urllib.error.URLError, OSError) as e:
-        shown = redact(uri)
+            json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        detail = redact_text(_error_detail(e.read(4000)))
+        if e.code in (401, 403):
+            hint = "check the user name and password (MLFLOW_TRACKING_USERNAME/PASSWORD)"
+        else:
+            hint = "is the server's database running? see the server's log"
         raise TrackingServerError(
-            f"MLflow tracking server {shown} is unreachable ({e}); start it or fix MLFLOW_TRACKING_URI"
+            f"MLflow tracking server {shown} answers, but a read of its store failed with HTTP {e.code} "
+            f"({detail or e.reason}); {hint}"
+        ) from None
+    except (urllib.error.URLError, OSError, ValueError) as e:
+        raise TrackingServerError(
+            f"MLflow tracking server {shown} is unreachable ({redact_text(str(e))}); start it or fix "
+            "MLFLOW_TRACKING_URI"
         ) from None
 
 
+def _error_detail(body: bytes) -> str:
+    """The first line of an MLflow error response's message (its JSON holds a whole SQL error)."""
+    text = body.decode(errors="replace").strip()
+    with contextlib.suppress(ValueError, AttributeError):
+        text = str(json.loads(text).get("message") or text)
+    lines = text.strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+@defers_sigterm  # a store half-created by MLflow's migrations could not be opened again
+def _open_store(uri: str) -> None:
+    """Opens a local store (sqlite, a database URI, a file store) with one read; creates a new one."""
+    try:
+        if uri.startswith("sqlite:///"):
+            _create_sqlite_tables(uri)
+        else:
+            if uri.split(":", 1)[0].split("+")[0] in _DATABASE_SCHEMES:
+                _connect_once(uri)  # MLflow itself retries a refused connection for ~100 s, silently
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)
+    except TrackerError:
+        raise
+    except Exception as e:  # whatever the store's library raises: a missing driver, a bad path, a refused login
+        raise TrackingServerError(
+            f"cannot open the MLflow tracking store {redact_uri(uri)} ({type(e).__name__}: "
+            f"{redact_text(str(e)).strip().splitlines()[0] if str(e).strip() else 'no detail'}); fix "
+            "MLFLOW_TRACKING_URI, or unset it to use ./mlflow.db"
+        ) from None
+
+
+_DATABASE_SCHEMES = ("postgresql", "mysql", "mssql")
+
+
+def _connect_once(uri: str) -> None:
+    """One connection to a database store, so that a wrong address fails at once."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    engine = sqlalchemy.create_engine(uri, poolclass=NullPool)
+    try:
+        with engine.connect():
+            pass
+    finally:
+        engine.dispose()
+
+
 def _create_sqlite_tables(uri: str) -> None:
-    """Creates a new sqlite store's tables while holding a file lock.
+    """Creates a new sqlite store's tables while holding a file lock beside the database.
 
     MLflow creates them unlocked on first use: two processes that start on the same new file race, and
-    one fails with "table ... already exists". Once they exist, concurrent runs are fine.
+    one fails with "table ... already exists". Once they exist, concurrent runs are fine. The lock lives
+    in the database's own folder (whoever can write the database can write there), not in a shared
+    /tmp where a planted symlink could redirect it; it is never followed if it is a symlink.
     """
     import fcntl
-    import hashlib
-    import tempfile
 
     path = uri[len("sqlite:///"):].split("?")[0]
     if not path or path == ":memory:":
         return
-    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"tracker-sqlite-init-{key}.lock", "w") as lock:
+    db = Path(path)
+    lock_path = db.with_name(f".{db.name}.init-lock")
+    try:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise TrackingServerError(
+            f"cannot create the lock {lock_path} beside the sqlite store {db} ({e.strerror}); the folder must "
+            "exist and be writable, and the lock must not be a symlink"
+        ) from None
+    with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         mlflow.MlflowClient(uri).search_experiments(max_results=1)  # builds the store: tables, migrations
 
 
-def redact(uri: str) -> str:
-    """The URI without a password, for messages and logs."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+redact = redact_uri  # the name callers use for a URI shown in a message
 
 
 def set_experiment(name: str) -> None:
@@ -143,16 +225,22 @@ def study_run(
     Outside any run it starts one (inside `mlflow run` that attaches to the project's run); inside an
     active run it is nested under it.
     """
-    if experiment and mlflow.active_run() is None:
-        set_experiment(experiment)
-    nested = mlflow.active_run() is not None
-    run = mlflow.start_run(run_name=study, nested=nested)
+    run = None
     try:
-        mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: "study", **tags})
-        mlflow.log_params(dict(params))
+        with deferred():  # SIGTERM waits: a run started must get its tags, and end FAILED below
+            if experiment and mlflow.active_run() is None:
+                set_experiment(experiment)
+            nested = mlflow.active_run() is not None
+            run = mlflow.start_run(run_name=study, nested=nested)
+            mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: "study", **tags})
+            mlflow.log_params(dict(params))
+        link = run_link(run)
+        if link:
+            logger.info("study %s: view it at %s", study, link)
         yield run
     except BaseException:
-        end_run_quietly("FAILED")
+        if run is not None:
+            end_run_quietly("FAILED")
         raise
     else:
         end_run_quietly("FINISHED")
@@ -167,24 +255,36 @@ def attempt_run(
 
     It ends with `status`; an exception inside marks it FAILED with the error text, then propagates.
     """
-    nested = mlflow.active_run() is not None
-    run = mlflow.start_run(run_name=attempt_name, nested=nested, parent_run_id=parent_run_id,
-                           experiment_id=experiment_id)
     tags = {TAG_ATTEMPT: attempt_name, TAG_RUNTIME: runtime, TAG_ROLE: "attempt"}
     if study:
         tags[TAG_STUDY] = study
+    run = None
     try:
-        mlflow.set_tags(tags)
+        with deferred():
+            nested = mlflow.active_run() is not None
+            run = mlflow.start_run(run_name=attempt_name, nested=nested, parent_run_id=parent_run_id,
+                                   experiment_id=experiment_id)
+            mlflow.set_tags(tags)
         yield run
+        with deferred():
+            mlflow.end_run(status=status)
     except BaseException as e:
-        with contextlib.suppress(Exception):  # the server may be what failed
-            log_failure(e)
-        end_run_quietly("FAILED")
+        if run is not None and mlflow.active_run() is not None and mlflow.active_run().info.run_id == run.info.run_id:
+            with contextlib.suppress(Exception):  # the server may be what failed
+                log_failure(e)
+            end_run_quietly("FAILED")
         raise
-    else:
-        mlflow.end_run(status=status)
 
 
+def run_link(run: mlflow.ActiveRun) -> str | None:
+    """The UI page of a run on a tracking server, without any credentials; None for a local store."""
+    uri = mlflow.get_tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return None
+    return f"{without_credentials(uri).rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+
+
+@defers_sigterm
 def end_run_quietly(status: str) -> None:
     """Ends the active run; if the server cannot be told, still leaves this process's run stack clean."""
     try:
@@ -197,6 +297,7 @@ def end_run_quietly(status: str) -> None:
             mlflow.tracking.fluent._active_run_stack.get().pop()  # no public way to drop a dead run
 
 
+@defers_sigterm
 def log_failure(error: BaseException | str, traceback_text: str | None = None) -> None:
     """Records an error on the active run: status tag, error text tag and the traceback as a file."""
     if isinstance(error, BaseException):
@@ -206,6 +307,7 @@ def log_failure(error: BaseException | str, traceback_text: str | None = None) -
     mlflow.log_text(traceback_text or error, "error.txt")
 
 
+@defers_sigterm
 def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> None:
     """Logs everything an attempt record holds on the active run (timed into `steps` if given)."""
     steps = steps or StepTimes()
@@ -256,7 +358,7 @@ def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
 def _log_model_file(path: Path, *, flavor: bool) -> None:
     if flavor:
         # No input_example: it would make MLflow load and run the model once more.
-        model = onnx.load(str(path))
+        model = load_model(path, check=False)  # by content: a protobuf named .json too
         mlflow.onnx.log_model(
             onnx_model=model,
             name="model",
@@ -295,6 +397,7 @@ def _pip_requirements() -> list[str]:
     return [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime")]
 
 
+@defers_sigterm
 def log_kept_record(record: AttemptRecord, *, source: Path) -> str:
     """Logs a record the outbox kept (`tracker.upload`) as a new attempt run; returns the run's id.
 
@@ -332,6 +435,7 @@ def log_kept_record(record: AttemptRecord, *, source: Path) -> str:
     return run.info.run_id
 
 
+@defers_sigterm
 def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = None,
                        report: StudyReport | None = None) -> None:
     """Logs on a study run the summary (`log_study_summary`'s arguments) and the report its process could
@@ -375,6 +479,7 @@ def current_ids() -> tuple[str | None, str | None]:
     return None, _get_experiment_id()
 
 
+@defers_sigterm
 def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, float], best: str | None) -> None:
     """Logs the table of a study's attempts, and the best attempt that passed its check, on the study run."""
     mlflow.set_tag(TAG_BEST, best or "none passed")
@@ -385,6 +490,7 @@ def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, fl
     mlflow.log_metrics(_clean_metrics(metrics))
 
 
+@defers_sigterm
 def log_study_report(html: str | Path, tables: Mapping[str, pd.DataFrame]) -> None:
     """Logs the study report on the active (study) run: `report/<html file name>` and each table as
     `report/<name>.json` with `mlflow.log_table`, so the UI's table view shows them."""

@@ -4,14 +4,24 @@ Python's default for SIGTERM ends the process at once: no `finally`, no `with` e
 stay RUNNING forever and temporary folders stay behind. Inside `sigterm_as_exit()` SIGTERM raises
 `Terminated` (a `SystemExit` with code 143) instead, which unwinds like Ctrl-C's KeyboardInterrupt:
 runs are ended FAILED, work folders removed, and the process exits 143 without a traceback.
+
+A write to the tracking store is never cut in half: inside `deferred()` (every function of
+`tracker.mlflow_log` that writes) SIGTERM waits until the write is done. Interrupted inside a SQLAlchemy
+transaction, a sqlite store stays locked, and the runs could not be ended at all.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+logger = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable)
 
 EXIT_CODE = 128 + signal.SIGTERM  # 143, what a shell reports for a process ended by SIGTERM
 
@@ -26,8 +36,45 @@ class Terminated(SystemExit):
         return "terminated by SIGTERM"
 
 
+_deferring = 0  # depth of `deferred()` blocks in the main thread
+_pending = False  # SIGTERM arrived inside one
+
+
 def _raise_terminated(signum, frame) -> None:
+    global _pending
+    if _deferring:
+        _pending = True
+        logger.warning("SIGTERM received: stopping once the current write to the tracking store is done")
+        return
     raise Terminated()
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Within the block SIGTERM only takes note; `Terminated` is raised when the outermost block ends."""
+    global _deferring, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers run in the main thread only
+        return
+    _deferring += 1
+    try:
+        yield
+    finally:
+        _deferring -= 1
+        if not _deferring and _pending:
+            _pending = False
+            raise Terminated()
+
+
+def defers_sigterm(function: F) -> F:
+    """Decorator: the whole call is `deferred()`."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with deferred():
+            return function(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 @contextlib.contextmanager
