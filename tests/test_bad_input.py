@@ -71,6 +71,23 @@ def test_a_protobuf_model_named_json_loads_by_its_content(tmp_path, capsys):
     assert code == 0 and "MatMul" in out
 
 
+def test_profile_of_a_protobuf_model_named_json_logs_it(store, tmp_path, capsys):
+    path = tmp_path / "linear.json"
+    path.write_bytes(make_linear_model(n_features=8).SerializeToString())
+    code, out, err = run_cli(capsys, "profile", str(path), "--dim", "N=2", "--runs", "3", "--min-seconds", "0",
+                             "--name", "from-json")
+    assert code == 0, err
+    assert run_names(store) == ["from-json"]
+
+
+def test_profile_of_a_custom_domain_op_fails_before_any_run_naming_the_op(store, tmp_path, capsys):
+    path = tmp_path / "custom.onnx"
+    onnx.save_model(custom_op_model(), str(path))
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "ONNX Runtime cannot load", "no kernel for op 'Foo' of domain 'my.domain'")
+    assert run_names(store) == []
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_a_json_file_that_is_not_a_model_is_a_model_error(store, tmp_path, capsys, command):
     path = tmp_path / "notes.json"

@@ -148,10 +148,9 @@ class Study:
     def best(self) -> AttemptResult | None:
         """The attempt to ship: the largest speed-up among those that passed their accuracy check and
         are faster than their baseline beyond the noise ("better"), else the first baseline."""
-        better = [r for r in self.results if r.verdict == "better"]
-        if better:
-            return max(better, key=lambda r: r.speedup.speedup)
-        return next((r for r in self.results if r.verdict == "baseline"), None)
+        name = report.best_attempt((r.attempt.name, r.verdict, r.speedup.speedup if r.speedup else None)
+                                   for r in self.results)
+        return next((r for r in self.results if r.attempt.name == name), None)
 
     def _log_report(self, best: str | None) -> None:
         """The study report on the parent run; a report problem never costs the study its summary."""

@@ -12,7 +12,7 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from tracker.errors import RecordError
+from tracker.errors import ModelError, RecordError
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
@@ -174,12 +174,16 @@ def find_records(root: str | Path) -> list[Path]:
     return sorted(p.parent for p in Path(root).rglob(RECORD_FILE))
 
 
-def _copy_external_data(model: Path, target_dir: Path) -> None:
-    import onnx
+def _external_locations(model: Path) -> set[str]:
+    """The files a model's initializers keep their data in, relative to the model's folder."""
+    from tracker.model_io import load_model
 
-    proto = onnx.load(str(model), load_external_data=False)
-    locations = {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
-    for location in locations:
+    proto = load_model(model, load_external_data=False, check=False)  # by content: a protobuf named .json too
+    return {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+
+
+def _copy_external_data(model: Path, target_dir: Path) -> None:
+    for location in _external_locations(model):
         (target_dir / location).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(model.parent / location, target_dir / location)
 
@@ -313,11 +317,7 @@ def _artifact_name(name: str, what: str) -> None:
 
 def _external_data(model: Path) -> set[str]:
     """The files a model's initializers keep their data in, relative to the model's folder."""
-    import onnx
-
     try:
-        proto = onnx.load(str(model), load_external_data=False)
-    except Exception as e:  # protobuf's DecodeError and friends: not an ONNX file
-        raise _Refused(f"'model_path' names {model.name!r}, which is not an ONNX model "
-                       f"({type(e).__name__}: {e})") from None
-    return {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}
+        return _external_locations(model)
+    except ModelError as e:  # not an ONNX file, or its external data is missing
+        raise _Refused(f"'model_path' names {model.name!r}: {e}") from None

@@ -131,13 +131,21 @@ def rows_from_results(
 
 
 def pick_best(rows: Iterable[AttemptRow]) -> str | None:
-    """The attempt to ship, as `Study.best` decides: the largest speed-up among the "better" ones,
-    else the first baseline, else None."""
-    rows = list(rows)
-    better = [r for r in rows if r.verdict == "better" and r.speedup is not None]
+    """The attempt to ship among report rows (see `best_attempt`)."""
+    return best_attempt((r.attempt, r.verdict, r.speedup) for r in rows)
+
+
+def best_attempt(candidates: Iterable[tuple[str, str | None, float | None]]) -> str | None:
+    """The attempt to ship, from (name, verdict, speed-up) in study order: the largest speed-up among
+    the "better" ones (faster beyond the noise, accuracy check passed), else the first baseline, else None.
+
+    The one rule behind `Study.best`, the report's highlighted row, `tracker compare` and `tracker upload`.
+    """
+    candidates = list(candidates)
+    better = [(name, speedup) for name, verdict, speedup in candidates if verdict == "better" and speedup is not None]
     if better:
-        return max(better, key=lambda r: r.speedup).attempt
-    return next((r.attempt for r in rows if r.verdict == "baseline"), None)
+        return max(better, key=lambda c: c[1])[0]
+    return next((name for name, verdict, _ in candidates if verdict == "baseline"), None)
 
 
 def attempts_table(rows: Sequence[AttemptRow], *, best: str | None = None) -> pd.DataFrame:
