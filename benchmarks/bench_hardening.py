@@ -22,7 +22,7 @@ _CHILD = """
 import sys, time
 from tracker.errors import ProfileFormatError
 from tracker.memory import peak_rss_bytes
-from tracker.profile_parse import parse_profile
+from tracker.profile.parse import parse_profile
 before, start = peak_rss_bytes(), time.perf_counter()
 try:
     outcome = f"{len(parse_profile(sys.argv[1]).events):,} rows"

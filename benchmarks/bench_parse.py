@@ -37,9 +37,9 @@ _LABELS = {name: label for name, _, label in _METHODS}
 
 def check_profile(path: Path, *, kernel_events: int | None, runs: int | None) -> tuple[int, int]:
     """Parses the file with the tracker and fails loudly if it does not hold what was written."""
-    from tracker import columns as C
+    from tracker.profile import columns as C
     from tracker.errors import ProfileFormatError
-    from tracker.profile_parse import parse_profile
+    from tracker.profile.parse import parse_profile
 
     if path.is_file() and path.read_bytes()[:2] == b"\x1f\x8b":
         raise SystemExit(f"{path} is gzip: json.load and ORT's processor need the plain JSON; gunzip it first")
@@ -68,7 +68,7 @@ def straightforward_parse(path: Path):
     import numpy as np
     import pandas as pd
 
-    from tracker import columns as C
+    from tracker.profile import columns as C
 
     with path.open("rb") as file:
         events = json.load(file)
@@ -118,7 +118,7 @@ def compare_straightforward(path: Path) -> bool:
     """Prints whether the streamed, whole-text and straightforward parses agree; True if all do."""
     import pandas as pd
 
-    from tracker.profile_parse import parse_profile
+    from tracker.profile.parse import parse_profile
 
     def same(a: pd.DataFrame, b: pd.DataFrame) -> str:
         try:
@@ -194,8 +194,8 @@ def _child(method: str, path: str, repeat: int) -> dict:
             with contextlib.redirect_stdout(io.StringIO()):  # it prints "loading profile output ..."
                 return len(process_results(p, argparse.Namespace(threshold=0.01, kernel_time_only=True)))
     elif method in ("tracker", "tracker_1proc", "tracker_whole", "tracker_gzip", "parse_summarize"):
-        from tracker.aggregate import summarize
-        from tracker.profile_parse import parse_profile
+        from tracker.profile.aggregate import summarize
+        from tracker.profile.parse import parse_profile
 
         # The default parse streams files from 4 MiB on, with worker processes from 128 MiB on; the whole-text
         # parse decodes the file in one go.
@@ -207,8 +207,8 @@ def _child(method: str, path: str, repeat: int) -> dict:
             events = parse_profile(p, **kwargs).events
             return len(summarize(events, skip_runs=1)) if method == "parse_summarize" else len(events)
     elif method == "summarize":
-        from tracker.aggregate import summarize
-        from tracker.profile_parse import parse_profile
+        from tracker.profile.aggregate import summarize
+        from tracker.profile.parse import parse_profile
 
         events = parse_profile(path).events  # untimed; the table it leaves is part of this row's baseline
         gc.collect()
@@ -238,7 +238,7 @@ _WORKER_PEAKS_MB: list[float] = []
 
 def _record_worker_peaks() -> None:
     """Notes the peak RSS each worker process of parse_profile reports (VmHWM; theirs, not this process's)."""
-    from tracker.profile_worker import Worker
+    from tracker.profile.worker import Worker
 
     result = Worker.result
 

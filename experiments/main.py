@@ -12,8 +12,9 @@ import fusion  # noqa: E402
 import gpt2  # noqa: E402
 import linreg  # noqa: E402
 
-from tracker import mlflow_log  # noqa: E402
 from tracker.experiment_args import add_measure_args, setup_logging  # noqa: E402
+from tracker.keys import TAG_ROLE  # noqa: E402
+from tracker.store import connect, write  # noqa: E402
 from tracker.termination import handle_sigterm  # noqa: E402
 
 STUDIES = {"linreg": linreg.run, "fusion": fusion.run, "gpt2": gpt2.run}
@@ -31,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown studies {unknown}; expected a subset of {list(STUDIES)}")
     setup_logging()
     handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143
-    mlflow_log.setup_tracking()
-    with mlflow_log.study_run("main", experiment=args.experiment, params={"studies": ",".join(names)},
-                               tags={mlflow_log.TAG_ROLE: "main"}):
+    connect.setup_tracking()
+    with write.study_run("main", experiment=args.experiment, params={"studies": ",".join(names)},
+                         tags={TAG_ROLE: "main"}):
         for name in names:
             STUDIES[name](args)
     return 0

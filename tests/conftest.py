@@ -15,7 +15,7 @@ from tracker.speedup import SpeedupConfig
 FAST_SPEEDUP = SpeedupConfig(rounds=4, seconds=0.0, round_seconds=0.0, min_pairs=3, warmup_runs=1, block_ms=0.0)
 
 _MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME",
-               # set by tracker.mlflow_log.setup_tracking for a server URI (bounded retries, no URL printing)
+               # set by tracker.store.connect.setup_tracking for a server URI (bounded retries, no URL printing)
                "MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "MLFLOW_HTTP_REQUEST_TIMEOUT",
                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
 

@@ -123,7 +123,7 @@ def test_an_attempt_that_fails_before_measuring_is_a_failed_run_and_the_best_att
 
 def test_a_large_raw_profile_is_logged_gzip_compressed_and_still_parses(store, model, feeds, tmp_path, monkeypatch):
     from tracker import run_content
-    from tracker.profile_parse import parse_profile
+    from tracker.profile.parse import parse_profile
 
     monkeypatch.setattr(run_content, "GZIP_ABOVE_BYTES", 1000)  # this small model's profile is ~10 KB
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:

@@ -9,11 +9,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tracker import columns as C
-from tracker.aggregate import summarize
 from tracker.cli import main
 from tracker.fusions.add_eyelike import make_linear_model
-from tracker.profile_parse import parse_profile
+from tracker.profile import columns as C
+from tracker.profile.aggregate import summarize
+from tracker.profile.parse import parse_profile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 OLD = FIXTURES / "profile_ort_1_16_fences.json"

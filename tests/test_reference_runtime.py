@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 from onnx import numpy_helper
 
-from tracker import columns as C
 from tracker.errors import FeedError
 from tracker.fusions.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.latency import TimingConfig
-from tracker.profile_parse import parse_profile
+from tracker.profile import columns as C
+from tracker.profile.parse import parse_profile
 from tracker.reference_runtime import (
     evaluate_node,
     profile_reference,

@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig, mlflow_log, report
-from tracker import columns as C
+from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig, report
+from tracker.profile import columns as C
+from tracker.store import write
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.report import AttemptRow
@@ -141,7 +142,7 @@ def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path
     isolate_mlflow(monkeypatch)
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(experiment_id=experiment_id) as run:
-        mlflow_log.log_study_report(built.html, built.tables)
+        write.log_study_report(built.html, built.tables)
     logged = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
     assert logged == {"report/study_report.html", "report/attempts.json", "report/ops_by_attempt.json",
                       "report/graph_changes_by_attempt.json"}

@@ -15,10 +15,10 @@ import mlflow
 import onnx
 import pytest
 
-from tracker import mlflow_log
 from tracker.cli import main
 from tracker.errors import TrackingServerError
 from tracker.fusions.add_eyelike import make_linear_model
+from tracker.store import connect
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,11 +32,11 @@ def test_the_sqlite_init_lock_lives_beside_the_database_and_a_planted_symlink_is
     lock.symlink_to(victim)
 
     with pytest.raises(TrackingServerError, match="must not be a symlink"):
-        mlflow_log.setup_tracking(f"sqlite:///{store / 'mlflow.db'}")
+        connect.setup_tracking(f"sqlite:///{store / 'mlflow.db'}")
     assert victim.read_text() == "precious"
 
     lock.unlink()
-    mlflow_log.setup_tracking(f"sqlite:///{store / 'mlflow.db'}")
+    connect.setup_tracking(f"sqlite:///{store / 'mlflow.db'}")
     assert lock.is_file() and not lock.is_symlink()
     assert oct(lock.stat().st_mode & 0o777) == "0o600"
 

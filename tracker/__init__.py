@@ -17,9 +17,9 @@ _EXPORTS = {
     "FP32": "tracker.output_diff",
     "FP16": "tracker.output_diff",
     "INT8": "tracker.output_diff",
-    "parse_profile": "tracker.profile_parse",
-    "summarize": "tracker.aggregate",
-    "diff_summaries": "tracker.aggregate",
+    "parse_profile": "tracker.profile.parse",
+    "summarize": "tracker.profile.aggregate",
+    "diff_summaries": "tracker.profile.aggregate",
     "compare_outputs": "tracker.output_diff",
 }
 

@@ -14,12 +14,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker import mlflow_log, report, run_content
+from tracker import report, run_content
 from tracker.artifacts import write_attempt_artifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
+from tracker.keys import STATUS_FAILED
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.speedup import verdict
 from tracker.steps import StepTimes
+from tracker.store import connect, write
 from tracker.termination import sigterm_as_exit
 
 logger = logging.getLogger(__name__)
@@ -93,14 +95,14 @@ class Study:
         self._run_cm = None
 
     def __enter__(self) -> Study:
-        mlflow_log.setup_tracking(self.tracking_uri)
+        connect.setup_tracking(self.tracking_uri)
         # SIGTERM (`timeout`, a CI cancel) unwinds like Ctrl-C: runs end FAILED, the work folder goes.
         self._sigterm = sigterm_as_exit()
         self._sigterm.__enter__()
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
         params = {**self.config.params(), **self.params}
-        self._run_cm = mlflow_log.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
+        self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
         self.run = self._run_cm.__enter__()
         logger.info("study %s: run %s", self.name, self.run.info.run_id)
         return self
@@ -138,7 +140,7 @@ class Study:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
         logger.error("attempt %s failed: %s: %s", name, type(error).__name__, error)
         try:
-            with mlflow_log.attempt_run(self.name, name, runtime):
+            with write.attempt_run(self.name, name, runtime):
                 raise error
         except type(error):
             pass
@@ -157,7 +159,7 @@ class Study:
         try:
             rows = report.rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
             built = report.build_study_report(rows, self._workdir / "report", study=self.name, best=best)
-            mlflow_log.log_study_report(built.html, built.tables)
+            write.log_study_report(built.html, built.tables)
         except Exception as e:
             logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
 
@@ -173,7 +175,7 @@ class Study:
         try:
             if exc_type is None:
                 rows = [run_content.summary_row(r, self._baselines.per_runtime.get(r.attempt.runtime)) for r in self.results]
-                rows += [{"attempt": n, "status": "failed", "error": e} for n, e in self.failures.items()]
+                rows += [{"attempt": n, "status": STATUS_FAILED, "error": e} for n, e in self.failures.items()]
                 failed = sum(not r.ok for r in self.results) + len(self.failures)
                 best = self.best
                 totals, wall = self.step_totals()
@@ -181,8 +183,8 @@ class Study:
                 metrics = {"study.attempts": len(rows), "study.failed": failed, **totals.metrics(wall)}
                 summary = {"rows": rows, "metrics": metrics, "best": best.attempt.name if best else None}
                 try:
-                    mlflow_log.ensure_reachable()
-                    mlflow_log.log_study_summary(**summary)
+                    connect.ensure_reachable()
+                    write.log_study_summary(**summary)
                 except Exception as e:
                     kept = save_summary(summary, study=self.name, parent_run_id=self.run.info.run_id)
                     logger.error("could not log the summary of study %s (%s: %s); it is kept in %s and its run "
@@ -225,12 +227,10 @@ def log_attempt(
         log_model: log the model with the onnx flavor.
         **kwargs: other `Attempt` fields (runtime, session, tolerance, ...).
     """
-    import mlflow
-
-    if mlflow.active_run() is None:
-        mlflow_log.setup_tracking(tracking_uri)
+    if not write.has_active_run():
+        connect.setup_tracking(tracking_uri)
         if experiment:
-            mlflow_log.set_experiment(experiment)
+            write.set_experiment(experiment)
     attempt = Attempt(name=name, model=model, **kwargs)
     baselines = _Baselines()
     with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
@@ -267,7 +267,7 @@ def run_attempt(
     error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
     record is kept in the outbox (`tracker.record.outbox_root()`) and the log says how to upload it.
     """
-    parent_run_id, experiment_id = mlflow_log.current_ids()
+    parent_run_id, experiment_id = write.current_ids()
     record = AttemptRecord(attempt.name, study, attempt.runtime, parent_run_id=parent_run_id,
                            experiment_id=experiment_id, params=run_content.attempt_params(attempt))
     result = AttemptResult(attempt=attempt)
@@ -320,10 +320,10 @@ def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:
     # When the run starts, or would have: a run uploaded later starts then too, in its study's order.
     record.start_time_ms = int(time.time() * 1000)
     try:
-        mlflow_log.ensure_reachable()
-        with mlflow_log.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
+        connect.ensure_reachable()
+        with write.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
             record.run_id = result.run_id = run.info.run_id
-            mlflow_log.log_record(record, steps=result.steps)
+            write.log_record(record, steps=result.steps)
     except Exception as e:
         result.outbox = save_record(record)
         logger.error(

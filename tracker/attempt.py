@@ -13,7 +13,6 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from tracker import aggregate
 from tracker import reference_runtime as ref
 from tracker.cpu_load import watch_cpu_load
 from tracker.feeds import check_feeds
@@ -23,7 +22,8 @@ from tracker.model_io import load_model, ort_can_load
 from tracker.ort_runtime import SessionConfig, make_session, profile_ort
 from tracker.output_diff import FP32, OutputDiff, Tolerance
 from tracker.lm_diff import LogitsDiff, LogitsTolerance
-from tracker.profile_parse import Profile, parse_profile
+from tracker.profile import aggregate
+from tracker.profile.parse import Profile, parse_profile
 from tracker.speedup import Speedup, SpeedupConfig, measure_speedup
 from tracker.steps import StepTimes
 

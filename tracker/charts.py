@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracker import aggregate
-from tracker import columns as C
+from tracker.profile import aggregate
+from tracker.profile import columns as C
 
 _BAR_PX = 22
 _MIN_HEIGHT_PX = 320
@@ -35,7 +35,7 @@ def op_views(summary: pd.DataFrame, *, title: str, top: int = 20) -> list[go.Fig
     """Total time, number of calls and share of time per key, as three horizontal bar charts.
 
     Args:
-        summary: the output of `aggregate.summarize` (`tracker.columns.SUMMARY_COLUMNS`).
+        summary: the output of `aggregate.summarize` (`tracker.profile.columns.SUMMARY_COLUMNS`).
         title: prefix of each figure's title, e.g. "baseline, by op".
         top: keys shown per view; the rest are folded into one "(other) xN" bar at the bottom.
 
@@ -78,7 +78,7 @@ def treemap(
     """Kernel time as nested rectangles, op type then node, like ONNX Runtime's perf view.
 
     Args:
-        events: one row per kernel invocation (`tracker.columns.EVENT_COLUMNS`).
+        events: one row per kernel invocation (`tracker.profile.columns.EVENT_COLUMNS`).
         title: the figure's title.
         skip_runs: leading runs to leave out (see `aggregate.keep_runs`).
         top_nodes_per_op: nodes drawn per op type; the smaller ones are folded into "(other) xN".
@@ -141,7 +141,7 @@ def comparison_chart(diff: pd.DataFrame, *, title: str, top: int = 20) -> go.Fig
     """Baseline and attempt time per run, side by side, for the keys that changed the most.
 
     Args:
-        diff: the output of `aggregate.diff_summaries` (`tracker.columns.DIFF_COLUMNS`).
+        diff: the output of `aggregate.diff_summaries` (`tracker.profile.columns.DIFF_COLUMNS`).
         title: the figure's title.
         top: how many keys to show, those with the largest absolute time delta.
 

@@ -89,13 +89,14 @@ def _add_compare_parser(sub) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tracker import compare, mlflow_log, report
+    from tracker import compare, report
+    from tracker.store import connect
 
     if (args.study is None) != (args.experiment is None):
         raise ValueError("--study and --experiment go together")
     if args.html:
         compare.check_report_path(args.html)  # before reading runs: a bad path fails fast
-    mlflow_log.setup_tracking()
+    connect.setup_tracking()
     comparison = compare.load_comparison(study_run_id=args.study_run, experiment=args.experiment,
                                          study=args.study, run_ids=args.runs or ())
     requirements = compare.check_required(comparison.rows, args.require)
@@ -116,15 +117,15 @@ def _compare(args: argparse.Namespace) -> int:
 def _upload(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tracker import mlflow_log, upload
     from tracker.record import outbox_root
     from tracker.redaction import redact_uri
+    from tracker.store import connect, upload
 
     folder = Path(args.folder) if args.folder else outbox_root()
     if not upload.has_pending(folder):
         print(f"nothing to upload under {folder}")
         return 0
-    uri = mlflow_log.setup_tracking()
+    uri = connect.setup_tracking()
     done = upload.upload_outbox(folder)
     print(f"uploaded {len(done.run_ids)} attempt run(s) to {redact_uri(uri)}: {', '.join(done.run_ids) or '-'}")
     for run_id in done.studies:
@@ -151,8 +152,8 @@ def _dims(pairs: list[str]) -> dict[str, int]:
 
 
 def _summarize(args: argparse.Namespace) -> int:
-    from tracker import aggregate
-    from tracker.profile_parse import parse_profile
+    from tracker.profile import aggregate
+    from tracker.profile.parse import parse_profile
 
     profile = parse_profile(args.profile, workers=args.workers)
     summary = aggregate.summarize(profile.events, by=args.by, skip_runs=args.skip_runs)
@@ -172,7 +173,7 @@ def _summarize(args: argparse.Namespace) -> int:
 
 
 def _table(summary) -> str:
-    from tracker import columns as C
+    from tracker.profile import columns as C
 
     if summary.empty:
         return ("No kernel events were found: the profile holds no Node events named '<node>_kernel_time', only "
@@ -207,7 +208,7 @@ def _profile(args: argparse.Namespace) -> int:
     if not result.ok:
         print(f"error: attempt {args.name} failed: {result.error}", file=sys.stderr)
         return 1
-    from tracker import aggregate
+    from tracker.profile import aggregate
 
     print(f"run {result.run_id}: p50 {result.latency.p50_ms:.3f} ms, mean {result.latency.mean_ms:.3f} ms "
           f"over {result.latency.runs} runs; profiling overhead x{result.overhead_ratio:.2f}")

@@ -9,11 +9,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tracker.keys import (
+    NO_BEST,
+    STATUS_DIFF_FAILED,
+    STATUS_FAILED,
+    STATUS_OK,
+    TAG_ATTEMPT,
+    TAG_BEST,
+    TAG_DISTURBED,
+    TAG_ERROR,
+    TAG_RUNTIME,
+    TAG_STATUS,
+    TAG_STUDY,
+    TAG_VERDICT,
+)
+
 if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
-    from tracker.mlflow_read import FetchedRun
+    from tracker.store.read import FetchedRun
     from tracker.report import AttemptRow
 
-NO_BEST = "none passed"  # what `Study` tags the parent run with when no attempt qualifies
 PASS_RULE = (
     "An attempt passes when a run of that name is among the compared runs, it did not crash (run "
     "FINISHED, tracker.status not 'failed') and its accuracy check passed (diff.passed = 1, verdict not "
@@ -47,7 +61,7 @@ def load_comparison(
     study: str | None = None,
     run_ids: Sequence[str] = (),
 ) -> Comparison:
-    """Reads the attempts from the active tracking store (call `mlflow_log.setup_tracking` first).
+    """Reads the attempts from the active tracking store (call `store.connect.setup_tracking` first).
 
     Give exactly one of: `study_run_id`; `experiment` and `study` (the study's latest parent run);
     `run_ids` (attempt runs, in the order to show them).
@@ -56,24 +70,25 @@ def load_comparison(
         ValueError: not exactly one way of choosing the runs was given.
         TrackerError: the runs do not exist.
     """
-    from tracker import mlflow_log, mlflow_read, report
+    from tracker import report
+    from tracker.store import read
 
     ways = [study_run_id is not None, experiment is not None or study is not None, bool(run_ids)]
     if sum(ways) != 1 or (ways[1] and (experiment is None or study is None)):
         raise ValueError("give a study run id, or an experiment and a study name, or a list of run ids")
     if run_ids:
-        runs = mlflow_read.fetch_runs(run_ids)
+        runs = read.fetch_runs(run_ids)
         rows = [row_from_run(run) for run in runs]
-        studies = {r.tags.get(mlflow_log.TAG_STUDY) for r in runs}
+        studies = {r.tags.get(TAG_STUDY) for r in runs}
         title = f"Study {studies.pop()}" if len(studies) == 1 and None not in studies else "Selected runs"
         return Comparison(title, rows, report.pick_best(rows))
     if study_run_id is None:
-        study_run_id = mlflow_read.find_study_run(experiment, study)
-    parent, attempts = mlflow_read.fetch_study_runs(study_run_id)
+        study_run_id = read.find_study_run(experiment, study)
+    parent, attempts = read.fetch_study_runs(study_run_id)
     rows = [row_from_run(run) for run in attempts]
-    best = parent.tags.get(mlflow_log.TAG_BEST)
+    best = parent.tags.get(TAG_BEST)
     best = report.pick_best(rows) if best is None else (None if best == NO_BEST else best)
-    name = parent.tags.get(mlflow_log.TAG_STUDY, parent.name)
+    name = parent.tags.get(TAG_STUDY, parent.name)
     return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id)
 
 
@@ -104,18 +119,17 @@ def check_report_path(path: str | Path) -> Path:
 
 def row_from_run(run: FetchedRun) -> AttemptRow:
     """The report row of an attempt run."""
-    from tracker import mlflow_log
     from tracker.report import AttemptRow
 
     tags, metrics = run.tags, run.metrics
-    crashed = run.status != "FINISHED" or tags.get(mlflow_log.TAG_STATUS) == "failed"
-    error = tags.get(mlflow_log.TAG_ERROR) or (f"run {run.status}" if crashed else None)
+    crashed = run.status != "FINISHED" or tags.get(TAG_STATUS) == STATUS_FAILED
+    error = tags.get(TAG_ERROR) or (f"run {run.status}" if crashed else None)
     passed = metrics.get("diff.passed")
-    status = "failed" if crashed else tags.get(mlflow_log.TAG_STATUS) or ("diff_failed" if passed == 0 else "ok")
-    verdict = None if crashed else tags.get(mlflow_log.TAG_VERDICT) or ("rejected" if passed == 0 else None)
+    status = STATUS_FAILED if crashed else tags.get(TAG_STATUS) or (STATUS_DIFF_FAILED if passed == 0 else STATUS_OK)
+    verdict = None if crashed else tags.get(TAG_VERDICT) or ("rejected" if passed == 0 else None)
     return AttemptRow(
-        attempt=tags.get(mlflow_log.TAG_ATTEMPT, run.name),
-        runtime=tags.get(mlflow_log.TAG_RUNTIME),
+        attempt=tags.get(TAG_ATTEMPT, run.name),
+        runtime=tags.get(TAG_RUNTIME),
         status=status,
         verdict=verdict,
         p50_ms=metrics.get("latency.p50_ms"),
@@ -123,7 +137,7 @@ def row_from_run(run: FetchedRun) -> AttemptRow:
         speedup_ci_low=metrics.get("latency.speedup_ci_low"),
         speedup_ci_high=metrics.get("latency.speedup_ci_high"),
         speedup_mde=metrics.get("latency.speedup_mde"),
-        disturbed=tags.get(mlflow_log.TAG_DISTURBED) or None,
+        disturbed=tags.get(TAG_DISTURBED) or None,
         diff_passed=None if passed is None else bool(passed),
         diff_max_abs=metrics.get("diff.max_abs"),
         top1_agreement=metrics.get("diff.top1_agreement"),

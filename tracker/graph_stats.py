@@ -10,7 +10,8 @@ import onnx
 import pandas as pd
 from onnx import helper
 
-OP_TYPE = "op_type"
+from tracker.profile.columns import OP_TYPE
+
 BASELINE_COUNT = "baseline_count"
 ATTEMPT_COUNT = "attempt_count"
 DELTA = "delta"

@@ -1,10 +1,46 @@
-"""MLflow-safe metric and artifact names derived from arbitrary op and node names."""
+"""The tracker's MLflow vocabulary: the tags it sets and their values, and MLflow-safe metric keys and file
+names derived from arbitrary op and node names.
+
+Pure: no MLflow import. `tracker.store` writes these names, `tracker compare` reads them back.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from tracker.profile import columns as C
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+TAG_STUDY = "tracker.study"
+TAG_ATTEMPT = "tracker.attempt"
+TAG_RUNTIME = "tracker.runtime"
+TAG_STATUS = "tracker.status"
+TAG_ERROR = "tracker.error"
+TAG_DIFF = "tracker.diff"
+TAG_ROLE = "tracker.role"
+TAG_BEST = "tracker.best_attempt"
+NO_BEST = "none passed"  # the value of TAG_BEST when no attempt qualifies
+TAG_VERDICT = "tracker.verdict"
+TAG_DISTURBED = "tracker.disturbed"  # measuring steps other processes disturbed, e.g. "latency,profiling"
+TAG_WEIGHTS = "tracker.weights"  # where a GPT-2 study's weights came from (random, not pretrained)
+TAG_MODEL_FORMAT = "tracker.model_format"  # set when the model is a plain artifact, not the onnx flavor
+TAG_UPLOADED_FROM = "tracker.uploaded_from"  # the outbox folder an uploaded attempt run came from
+TAG_UPLOADED_LATER = "tracker.uploaded_later"  # a study run `tracker upload` finished
+TAG_SUPERSEDED_BY = "tracker.superseded_by"  # a run replaced by its upload: `tracker compare` skips it
+
+# Values of the `tracker.role` tag.
+ROLE_STUDY = "study"  # a study's parent run
+ROLE_ATTEMPT = "attempt"  # one attempt, nested under its study
+
+# Values of the `tracker.status` tag (and of a report row's status).
+STATUS_OK = "ok"
+STATUS_DIFF_FAILED = "diff_failed"  # it ran, but its outputs are outside the tolerance
+STATUS_FAILED = "failed"  # it crashed
 
 MAX_KEY_LENGTH = 250
 _DISALLOWED = re.compile(r"[^A-Za-z0-9_\-. :/]")
@@ -41,6 +77,16 @@ def metric_keys(prefix: str, names: Iterable[str], suffix: str) -> dict[str, str
             part = f"{part[: room - 9]}_{_short_hash(name)}"
         keys[name] = f"{prefix}.{part}.{suffix}"
     return keys
+
+
+def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
+    """`op.<OpType>.{total_us,calls,pct,us_per_run}` from a per-op-type summary."""
+    metrics = {}
+    names = list(summary[C.KEY])
+    for column, suffix in ((C.TOTAL_US, "total_us"), (C.CALLS, "calls"), (C.PCT, "pct"), (C.US_PER_RUN, "us_per_run")):
+        keys = metric_keys("op", names, suffix)
+        metrics.update({keys[k]: float(v) for k, v in zip(names, summary[column])})
+    return metrics
 
 
 def safe_filename(name: str, *, max_length: int = 100) -> str:

@@ -18,11 +18,11 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from tracker import columns as C
 from tracker.errors import UnsupportedOpError
 from tracker.feeds import check_feeds
 from tracker.latency import Latency, TimingConfig, time_runs
-from tracker.profile_parse import Profile
+from tracker.profile import columns as C
+from tracker.profile.parse import Profile
 
 PROVIDER = "ReferenceEvaluator"
 # The domains of onnx.reference's own kernels (ReferenceEvaluator._load_impl, onnx 1.23).
@@ -165,7 +165,7 @@ def profile_reference(
     Returns:
         A `Profile` as parsed from ORT: `runs` holds the wall time of each `evaluator.run` (the
         timing wrappers included), `events` one row per node and run, columns
-        `tracker.columns.EVENT_COLUMNS` as in a parsed ORT profile:
+        `tracker.profile.columns.EVENT_COLUMNS` as in a parsed ORT profile:
         `dur_us`/`ts_us` are float µs (`ts_us` since the first run started), `provider` is
         "ReferenceEvaluator", unnamed nodes are named "<op_type>_<index>", and
         `mem_in_use_delta_bytes` is all <NA>.

@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tracker import columns as C
 from tracker.graph_stats import DELTA, diff_graphs
-from tracker.graph_stats import OP_TYPE as GRAPH_OP_TYPE
+from tracker.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
+from tracker.profile import columns as C
+from tracker.profile.columns import OP_TYPE  # also the first column of the wide tables (op type x attempt)
 
 if TYPE_CHECKING:
     from tracker.attempt import AttemptResult
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 # Columns of the attempts table (one row per attempt).
 ATTEMPT = "attempt"
 RUNTIME = "runtime"
-STATUS = "status"  # "ok", "diff_failed" or "failed" (as the `tracker.status` tag)
+STATUS = "status"  # STATUS_OK, STATUS_DIFF_FAILED or STATUS_FAILED (as the `tracker.status` tag)
 VERDICT = "verdict"  # "baseline" or one of tracker.speedup.VERDICTS; None when the attempt failed
 BEST = "best"
 P50_MS = "p50_ms"
@@ -37,8 +38,6 @@ ERROR = "error"
 RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
                    SPEEDUP_MDE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, SIZE_BYTES, NODE_COUNT, ERROR, RUN_ID)
-# First column of the wide tables (op type rows x attempt columns).
-OP_TYPE = "op_type"
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
 
@@ -47,14 +46,14 @@ TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
 class AttemptRow:
     """What the report shows of one attempt, whether it comes from memory or from MLflow.
 
-    `ops_by_op` is the attempt's per-op-type summary (`tracker.columns.SUMMARY_COLUMNS`, warm-up runs
+    `ops_by_op` is the attempt's per-op-type summary (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs
     dropped) and `graph_diff` its node counts against its baseline (`graph_stats.diff_graphs`); either is
     None when the attempt has none (it failed, or the run predates them).
     """
 
     attempt: str
     runtime: str | None = None
-    status: str = "ok"
+    status: str = STATUS_OK
     verdict: str | None = None
     p50_ms: float | None = None
     speedup: float | None = None
@@ -74,7 +73,7 @@ class AttemptRow:
 
     @property
     def failed(self) -> bool:
-        return self.status == "failed" or self.error is not None
+        return self.status == STATUS_FAILED or self.error is not None
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ def rows_from_results(
         rows.append(AttemptRow(
             attempt=r.attempt.name,
             runtime=r.attempt.runtime,
-            status="failed" if not r.ok else ("ok" if diff is None or diff.passed else "diff_failed"),
+            status=STATUS_FAILED if not r.ok else (STATUS_OK if diff is None or diff.passed else STATUS_DIFF_FAILED),
             verdict=r.verdict if r.ok else None,
             p50_ms=r.latency.p50_ms if r.latency else None,
             speedup=speedup.speedup if speedup else (1.0 if r.verdict == "baseline" else None),
@@ -126,7 +125,7 @@ def rows_from_results(
             ops_by_op=r.summary(by="op", skip_runs=skip_runs) if r.ok and r.profile is not None else None,
             graph_diff=graph_diff,
         ))
-    rows += [AttemptRow(attempt=name, status="failed", error=error) for name, error in (failures or {}).items()]
+    rows += [AttemptRow(attempt=name, status=STATUS_FAILED, error=error) for name, error in (failures or {}).items()]
     return rows
 
 
@@ -170,7 +169,7 @@ def graph_changes_by_attempt(rows: Sequence[AttemptRow]) -> pd.DataFrame:
 
     Only op types that some attempt changed are listed, the most changed first.
     """
-    columns = {label: r.graph_diff.set_index(GRAPH_OP_TYPE)[DELTA]
+    columns = {label: r.graph_diff.set_index(OP_TYPE)[DELTA]
                for label, r in zip(attempt_labels(rows), rows) if r.graph_diff is not None}
     table = _wide(columns, sort_by=lambda t: t.abs().max(axis=1))
     labels = [c for c in table.columns if c != OP_TYPE]

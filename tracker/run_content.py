@@ -8,11 +8,20 @@ from pathlib import Path
 
 import onnx
 
-from tracker import mlflow_log
 from tracker.artifacts import AttemptArtifacts
 from tracker.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.environment import fingerprint
-from tracker.keys import metric_keys
+from tracker.keys import (
+    STATUS_DIFF_FAILED,
+    STATUS_FAILED,
+    STATUS_OK,
+    TAG_DIFF,
+    TAG_DISTURBED,
+    TAG_STATUS,
+    TAG_VERDICT,
+    metric_keys,
+    op_metrics,
+)
 from tracker.record import AttemptRecord
 from tracker.speedup import BASELINE_SPEEDUP
 
@@ -31,11 +40,11 @@ def fill_record(
     attempt = result.attempt
     record.params.update(measured_params(result, config))
     record.metrics = measured_metrics(result, reference, artifacts.tables)
-    record.tags = {mlflow_log.TAG_STATUS: "ok" if result.diff.passed else "diff_failed",
-                   mlflow_log.TAG_DIFF: "passed" if result.diff.passed else "failed",
-                   mlflow_log.TAG_VERDICT: result.verdict}
+    record.tags = {TAG_STATUS: STATUS_OK if result.diff.passed else STATUS_DIFF_FAILED,
+                   TAG_DIFF: "passed" if result.diff.passed else "failed",
+                   TAG_VERDICT: result.verdict}
     if result.disturbed_steps:
-        record.tags[mlflow_log.TAG_DISTURBED] = ",".join(result.disturbed_steps)
+        record.tags[TAG_DISTURBED] = ",".join(result.disturbed_steps)
     if attempt.description:
         record.tags["mlflow.note.content"] = attempt.description
     record.artifact_dir = str(artifacts.folder)
@@ -117,7 +126,7 @@ def measured_metrics(result: AttemptResult, reference: AttemptResult | None, tab
     if "graph_diff" in tables:
         metrics.update(graph_delta_metrics(tables["graph_diff"]))
     if "ops_by_op" in tables:
-        metrics.update(mlflow_log.op_metrics(tables["ops_by_op"]))
+        metrics.update(op_metrics(tables["ops_by_op"]))
     metrics.update(result.extra_metrics)
     metrics.update(result.attempt.metrics)
     return metrics
@@ -143,7 +152,8 @@ def summary_row(result: AttemptResult, reference: AttemptResult | None) -> dict[
     return {
         "attempt": result.attempt.name,
         "runtime": result.attempt.runtime,
-        "status": "failed" if not result.ok else ("ok" if result.diff is None or result.diff.passed else "diff_failed"),
+        "status": (STATUS_FAILED if not result.ok
+                   else STATUS_OK if result.diff is None or result.diff.passed else STATUS_DIFF_FAILED),
         "verdict": result.verdict,
         "speedup": result.speedup.speedup if result.speedup else None,
         "speedup_ci_low": result.speedup.ci_low if result.speedup else None,

@@ -6,7 +6,7 @@ stay RUNNING forever and temporary folders stay behind. Inside `sigterm_as_exit(
 runs are ended FAILED, work folders removed, and the process exits 143 without a traceback.
 
 A write to the tracking store is never cut in half: inside `deferred()` (every function of
-`tracker.mlflow_log` that writes) SIGTERM waits until the write is done. Interrupted inside a SQLAlchemy
+`tracker.store.write` that writes) SIGTERM waits until the write is done. Interrupted inside a SQLAlchemy
 transaction, a sqlite store stays locked, and the runs could not be ended at all.
 """
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from log_study import FAST
 
-from tracker import Study, log_attempt, mlflow_log
+from tracker import Study, log_attempt
 from tracker.errors import TrackingServerError
 from tracker.server import free_port, health_ok
+from tracker.store import connect
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local_server.sh"
 
@@ -99,7 +100,7 @@ def test_a_killed_server_is_reported_and_after_a_restart_still_holds_what_was_lo
         tracking_server.mlflow.kill()
         assert not tracking_server.mlflow.running and not health_ok(tracking_server.tracking_uri)
         with pytest.raises(TrackingServerError, match="unreachable"):
-            mlflow_log.setup_tracking(tracking_server.tracking_uri)
+            connect.setup_tracking(tracking_server.tracking_uri)
     finally:
         tracking_server.mlflow.start()
     experiment = server_client.get_experiment_by_name("kill")

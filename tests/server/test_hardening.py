@@ -14,10 +14,11 @@ import onnx
 import pytest
 from log_study import FAST
 
-from tracker import Study, mlflow_log
+from tracker import Study
 from tracker.errors import TrackingServerError
 from tracker.fusions.add_eyelike import make_linear_model
 from tracker.record import AttemptRecord, find_records, find_summaries, save_record
+from tracker.store import connect
 from tracker.server import LocalTrackingServer
 
 SECRET = "s3cr3t-Probe-Pw"
@@ -118,7 +119,7 @@ def test_a_stopped_database_behind_a_live_server_sends_attempts_to_the_outbox_wi
         assert "a read of its store failed with HTTP" in caplog.text
         started = time.monotonic()
         with pytest.raises(TrackingServerError, match="answers, but a read of its store failed"):
-            mlflow_log.setup_tracking(server.tracking_uri)
+            connect.setup_tracking(server.tracking_uri)
         assert time.monotonic() - started < 15
     finally:
         server.stop()

@@ -8,16 +8,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracker import mlflow_log
 from tracker.api import Study
 from tracker.attempt import MeasureConfig
+from tracker.keys import TAG_WEIGHTS
 from tracker.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.ort_runtime import SessionConfig
 from tracker.steps import StepTimes
+from tracker.store import connect
 
 logger = logging.getLogger(__name__)
-
-WEIGHTS_TAG = "tracker.weights"
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
     from tracker.gpt2.tokens import feeds_for, make_tokens
     from tracker.optimizations import REGISTRY, ModelInfo
 
-    mlflow_log.setup_tracking()  # an unreachable server is an error now, not after the export
+    connect.setup_tracking()  # an unreachable server is an error now, not after the export
     steps = StepTimes()
     with tempfile.TemporaryDirectory(prefix="tracker-gpt2-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)
@@ -116,7 +115,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             experiment=experiment,
             config=config.measure,
             params=params,
-            tags={WEIGHTS_TAG: weights},
+            tags={TAG_WEIGHTS: weights},
             workdir=work / "measure",
             steps=steps,
         ) as study:

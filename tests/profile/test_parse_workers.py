@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_profile_parse_fast import (
+from test_parse_fast import (
     BAD,
     LAYOUTS,
     OLD,
@@ -19,11 +19,11 @@ from test_profile_parse_fast import (
     synthetic,  # noqa: F401 (a fixture)
 )
 
-from tracker import columns as C
-from tracker import profile_parse
 from tracker.errors import ProfileFormatError
-from tracker.profile_parse import parse_profile
-from tracker.profile_stream import event_commas, iter_mapped_batches
+from tracker.profile import columns as C
+from tracker.profile import parse
+from tracker.profile.parse import parse_profile
+from tracker.profile.stream import event_commas, iter_mapped_batches
 
 ONE_PROCESS_LOG = "in one stream"
 
@@ -38,7 +38,7 @@ def _with_workers(path: Path, workers: int, block_bytes: int = 4096):
 
 @pytest.mark.parametrize("workers", [2, 3])
 def test_workers_parse_a_synthetic_gpt2_profile_as_one_process_does(synthetic, workers, caplog):  # noqa: F811
-    with caplog.at_level(logging.DEBUG, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.DEBUG, logger="tracker.profile.parse"):
         parsed = _with_workers(synthetic, workers)
     assert not [r for r in caplog.records if ONE_PROCESS_LOG in r.getMessage()]  # the stretches were used
     assert_same_profile(parsed, _in_one_process(synthetic))
@@ -96,8 +96,8 @@ def test_a_file_cut_just_after_the_start_of_the_last_stretch_is_read_by_one_proc
     last_comma = data.rindex(b"},\n{") + 1
     path = tmp_path / "truncated.json"
     path.write_bytes(data[: last_comma + 30])  # the last stretch would hold no complete event
-    monkeypatch.setattr(profile_parse, "event_commas", lambda path, wanted: [last_comma])
-    with caplog.at_level(logging.DEBUG, logger="tracker.profile_parse"):
+    monkeypatch.setattr(parse, "event_commas", lambda path, wanted: [last_comma])
+    with caplog.at_level(logging.DEBUG, logger="tracker.profile.parse"):
         parsed = _with_workers(path, 2)
     assert any(ONE_PROCESS_LOG in r.getMessage() for r in caplog.records)
     expected = _in_one_process(path)
@@ -132,7 +132,7 @@ def test_a_foreign_list_of_objects_cut_into_stretches_raises_what_one_process_ra
 
 def test_a_worker_that_cannot_start_leaves_the_file_to_this_process(synthetic, monkeypatch, caplog):  # noqa: F811
     monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker exits at once, with status 1
-    with caplog.at_level(logging.DEBUG, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.DEBUG, logger="tracker.profile.parse"):
         parsed = _with_workers(synthetic, 2)
     assert any(ONE_PROCESS_LOG in r.getMessage() and "exited with 1" in r.getMessage() for r in caplog.records)
     assert_same_profile(parsed, _in_one_process(synthetic))
@@ -141,17 +141,17 @@ def test_a_worker_that_cannot_start_leaves_the_file_to_this_process(synthetic, m
 def test_by_default_a_small_file_is_read_by_one_process_and_a_large_one_by_workers(synthetic, monkeypatch):  # noqa: F811
     started = []
 
-    class CountingWorker(profile_parse.Worker):
+    class CountingWorker(parse.Worker):
         def __init__(self, *args):
             started.append(args)
             super().__init__(*args)
 
-    monkeypatch.setattr(profile_parse, "Worker", CountingWorker)
-    monkeypatch.setattr(profile_parse.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(parse, "Worker", CountingWorker)
+    monkeypatch.setattr(parse.os, "sched_getaffinity", lambda pid: {0, 1})
     parse_profile(synthetic, stream_above_bytes=0)
     assert started == []
-    monkeypatch.setattr(profile_parse, "WORKER_BYTES", synthetic.stat().st_size // 2)
-    monkeypatch.setattr(profile_parse, "_WORKER_START_BYTES", 0)
+    monkeypatch.setattr(parse, "WORKER_BYTES", synthetic.stat().st_size // 2)
+    monkeypatch.setattr(parse, "_WORKER_START_BYTES", 0)
     assert len(parse_profile(synthetic, stream_above_bytes=0).events) == SYNTH_RUNS * 533
     assert len(started) == 1  # two CPUs: this process and one worker
 
@@ -161,7 +161,7 @@ def test_gzip_files_are_read_by_one_process(synthetic, tmp_path, monkeypatch):  
 
     packed = tmp_path / "synthetic.json.gz"
     packed.write_bytes(gzip.compress(synthetic.read_bytes()))
-    monkeypatch.setattr(profile_parse, "Worker", None)  # calling it would fail
+    monkeypatch.setattr(parse, "Worker", None)  # calling it would fail
     parsed = parse_profile(packed, workers=3)
     assert_same_profile(parsed, _in_one_process(synthetic))
     assert parsed.events[C.RUN].max() == SYNTH_RUNS - 1
@@ -174,7 +174,7 @@ def test_workers_must_be_at_least_one(synthetic):  # noqa: F811
 
 def test_a_worker_that_cannot_be_started_at_all_leaves_the_file_to_this_process(synthetic, monkeypatch, caplog):  # noqa: F811
     monkeypatch.setattr(sys, "executable", "/nonexistent/python")  # Popen raises FileNotFoundError
-    with caplog.at_level(logging.DEBUG, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.DEBUG, logger="tracker.profile.parse"):
         parsed = _with_workers(synthetic, 3)
     assert any("could not start a worker" in r.getMessage() for r in caplog.records)
     assert_same_profile(parsed, _in_one_process(synthetic))

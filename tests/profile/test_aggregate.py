@@ -1,4 +1,4 @@
-"""Tests of tracker.aggregate on the committed ORT 1.32 profile and on small hand-made event tables."""
+"""Tests of tracker.profile.aggregate on the committed ORT 1.32 profile and on small hand-made event tables."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracker import columns as C
-from tracker.aggregate import diff_summaries, keep_runs, summarize, top_n
-from tracker.profile_parse import parse_profile
+from tracker.profile import columns as C
+from tracker.profile.aggregate import diff_summaries, keep_runs, summarize, top_n
+from tracker.profile.parse import parse_profile
 
-NEW = Path(__file__).parent / "fixtures" / "profile_ort_1_32.json"
+NEW = Path(__file__).parents[1] / "fixtures" / "profile_ort_1_32.json"
 VIEWS = {"op": C.OP_TYPE, "node": C.NODE, "provider": C.PROVIDER}
 
 

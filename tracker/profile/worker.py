@@ -1,6 +1,6 @@
 """Gathers the kernel calls of one stretch of a plain profile file in a process of its own.
 
-`tracker.profile_parse` starts `python -m tracker.profile_worker PATH START STOP BLOCK_BYTES` for each stretch
+`tracker.profile.parse` starts `python -m tracker.profile.worker PATH START STOP BLOCK_BYTES` for each stretch
 but the first, which it reads itself, and merges what the workers print: a pickled `StretchResult`. This module
 imports numpy and msgspec but not pandas, so a worker is up in about a tenth of a second.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 import tracker
 from tracker.errors import ProfileFormatError
 from tracker.memory import peak_rss_bytes
-from tracker.profile_columns import GatheredColumns, gather
-from tracker.profile_stream import iter_mapped_batches
+from tracker.profile.kernels import GatheredColumns, gather
+from tracker.profile.stream import iter_mapped_batches
 
 
 @dataclass
@@ -42,7 +42,7 @@ def gather_stretch(path: Path, start: int, stop: int, block_bytes: int) -> Stret
 
 
 class Worker:
-    """A running `python -m tracker.profile_worker`; `result()` waits for it."""
+    """A running `python -m tracker.profile.worker`; `result()` waits for it."""
 
     def __init__(self, path: Path, start: int, stop: int, block_bytes: int) -> None:
         # The tracker may be importable only from where it was imported here (a checkout on sys.path).
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    # Through the module's import name, so the pickle names `tracker.profile_worker.StretchResult`, not `__main__`.
-    from tracker.profile_worker import main as _main
+    # Through the module's import name, so the pickle names `tracker.profile.worker.StretchResult`, not `__main__`.
+    from tracker.profile.worker import main as _main
 
     _main(sys.argv[1:])

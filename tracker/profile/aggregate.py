@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracker import columns as C
+from tracker.profile import columns as C
 
 By = Literal["op", "node", "provider", "layer"]
 _BY_COLUMN = {"op": C.OP_TYPE, "node": C.NODE, "provider": C.PROVIDER, "layer": C.NODE}
@@ -45,13 +45,13 @@ def summarize(events: pd.DataFrame, *, by: By = "op", skip_runs: int = 0) -> pd.
     """Total time, calls, share of kernel time and spread across runs per op type, node or provider.
 
     Args:
-        events: one row per kernel invocation (`tracker.columns.EVENT_COLUMNS`).
+        events: one row per kernel invocation (`tracker.profile.columns.EVENT_COLUMNS`).
         by: "op" (ONNX op type), "node" (node name), "provider" (execution provider) or "layer"
             (transformer block, from node names; see `layer_of`).
         skip_runs: leading runs to leave out, e.g. 1 to drop the slow first run.
 
     Returns:
-        One row per key, columns `tracker.columns.SUMMARY_COLUMNS`, sorted by total time descending.
+        One row per key, columns `tracker.profile.columns.SUMMARY_COLUMNS`, sorted by total time descending.
     """
     if by not in _BY_COLUMN:
         raise ValueError(f"by must be one of {sorted(_BY_COLUMN)}, got {by!r}")
@@ -109,7 +109,7 @@ def diff_summaries(baseline: pd.DataFrame, attempt: pd.DataFrame) -> pd.DataFram
     Keys only in the attempt have status "added", keys only in the baseline "removed".
 
     Returns:
-        Columns `tracker.columns.DIFF_COLUMNS`, sorted by the time delta (largest gain first).
+        Columns `tracker.profile.columns.DIFF_COLUMNS`, sorted by the time delta (largest gain first).
     """
     per_run = [C.US_PER_RUN, C.CALLS_PER_RUN]
     b = baseline.set_index(C.KEY)[per_run].add_suffix("_b")

@@ -1,6 +1,6 @@
 """Gathers the kernel calls of decoded trace events into columns of numbers; imports no pandas.
 
-`tracker.profile_parse` turns the columns into a table; `tracker.profile_worker` gathers a stretch of a file in a
+`tracker.profile.parse` turns the columns into a table; `tracker.profile.worker` gathers a stretch of a file in a
 process of its own and hands its columns back to be merged.
 """
 
@@ -15,8 +15,8 @@ from operator import attrgetter
 import msgspec
 import numpy as np
 
-from tracker import columns as C
-from tracker.profile_events import AnyEvent, Args
+from tracker.profile import columns as C
+from tracker.profile.events import AnyEvent, Args
 
 KERNEL_SUFFIX = "_kernel_time"
 _FENCE_SUFFIX = "_fence_before"
@@ -205,7 +205,7 @@ def _concatenated(parts: list[np.ndarray], dtype: type = np.int64) -> np.ndarray
 
 
 def gather(batches: Iterable[tuple[list[AnyEvent], bool]]) -> tuple[KernelColumns, bool]:
-    """Gathers the kernel calls of batches of events (`tracker.profile_stream`); True if the text was cut short.
+    """Gathers the kernel calls of batches of events (`tracker.profile.stream`); True if the text was cut short.
 
     Raises:
         ProfileFormatError: as the batches do.

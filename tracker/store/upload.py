@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracker.errors import RecordError, TrackerError
+from tracker.keys import NO_BEST, ROLE_STUDY, TAG_BEST, TAG_ROLE, TAG_STUDY
 from tracker.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries, load_record, load_summary
 
 logger = logging.getLogger(__name__)
@@ -50,11 +51,11 @@ def has_pending(root: Path) -> bool:
 def upload_outbox(root: Path) -> Upload:
     """Logs every record kept under `root` as a run and removes it; then ends the studies they belong to.
 
-    Call `mlflow_log.setup_tracking` first. A study run whose summary never arrived (no best-attempt
+    Call `store.connect.setup_tracking` first. A study run whose summary never arrived (no best-attempt
     tag) gets it now, rebuilt from its attempt runs with the report; a study that still has a refused
     record in the outbox is left open until that record is uploaded or removed.
     """
-    from tracker import mlflow_log
+    from tracker.store import write
 
     result = Upload()
     records: dict[Path, AttemptRecord] = {}
@@ -72,7 +73,7 @@ def upload_outbox(root: Path) -> Upload:
 
     studies: dict[str, Path] = {}  # study run id -> its folder in the outbox
     for folder, record in records.items():
-        result.run_ids.append(mlflow_log.log_kept_record(record, source=folder))
+        result.run_ids.append(write.log_kept_record(record, source=folder))
         shutil.rmtree(folder)
         logger.info("uploaded %s as run %s", folder, result.run_ids[-1])
         if record.parent_run_id:
@@ -94,27 +95,28 @@ def upload_outbox(root: Path) -> Upload:
 
 def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     """Ends a study run, after logging its summary and report if it has none; whether it logged them."""
-    from tracker import compare, mlflow_log, mlflow_read, report
+    from tracker import compare, report
+    from tracker.store import read, write
 
     try:
-        (parent,) = mlflow_read.fetch_runs([run_id], tables=())
+        (parent,) = read.fetch_runs([run_id], tables=())
     except TrackerError:
         logger.warning("study run %s no longer exists: its attempts were uploaded without it", run_id)
         return False
-    if parent.tags.get(mlflow_log.TAG_ROLE) != "study":
+    if parent.tags.get(TAG_ROLE) != ROLE_STUDY:
         return False  # a run of the user's own that attempts were nested in: not the tracker's to end
-    if mlflow_log.TAG_BEST in parent.tags:  # its process logged the summary and the report
-        mlflow_log.end_uploaded_study(run_id)
+    if TAG_BEST in parent.tags:  # its process logged the summary and the report
+        write.end_uploaded_study(run_id)
         return False
     comparison = compare.load_comparison(study_run_id=run_id)
     rows, best = comparison.rows, comparison.best
     # The step times only the study's process knew, with the counts of what is on the server now.
     metrics = {**saved_metrics, "study.attempts": len(rows), "study.failed": sum(r.failed for r in rows)}
     summary = {"rows": report.attempts_table(rows, best=best).to_dict("records"), "metrics": metrics, "best": best}
-    study = parent.tags.get(mlflow_log.TAG_STUDY, parent.name)
+    study = parent.tags.get(TAG_STUDY, parent.name)
     with tempfile.TemporaryDirectory(prefix="tracker-upload-") as tmp:
         built = report.build_study_report(rows, tmp, study=study, best=best)
-        mlflow_log.end_uploaded_study(run_id, summary=summary, report=built)
+        write.end_uploaded_study(run_id, summary=summary, report=built)
     logger.info("study %s (run %s): summary and report logged from %d attempt runs, best: %s",
-                study, run_id, len(rows), best or "none passed")
+                study, run_id, len(rows), best or NO_BEST)
     return True

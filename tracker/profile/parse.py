@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracker import columns as C
+from tracker.profile import columns as C
 from tracker.errors import ProfileFormatError
-from tracker.profile_columns import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
-from tracker.profile_events import decode_events, empty_message
-from tracker.profile_stream import event_commas, iter_blocks, iter_event_batches, iter_mapped_batches
-from tracker.profile_worker import Worker
+from tracker.profile.kernels import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
+from tracker.profile.events import decode_events, empty_message
+from tracker.profile.stream import event_commas, iter_blocks, iter_event_batches, iter_mapped_batches
+from tracker.profile.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class Profile:
     """A parsed profile.
 
     Attributes:
-        events: one row per kernel invocation, columns `tracker.columns.EVENT_COLUMNS`. Those of repeated
+        events: one row per kernel invocation, columns `tracker.profile.columns.EVENT_COLUMNS`. Those of repeated
             strings (op type, node, provider, thread, shapes) are categorical, their categories in lexical order.
         runs: one row per inference run (`run`, `ts_us`, `dur_us` of ORT's `model_run` event).
         format: "fences" (older ORT with `_fence_before/_fence_after` events), "memory" (ORT with
@@ -73,7 +73,7 @@ class ProfileChunk:
     """The kernel invocations and runs read from one stretch of a profile's text.
 
     Attributes:
-        events: one row per kernel invocation, columns `tracker.columns.EVENT_COLUMNS`, with `run` -1 in every
+        events: one row per kernel invocation, columns `tracker.profile.columns.EVENT_COLUMNS`, with `run` -1 in every
             row: ORT writes a run's `model_run` event after its kernels, so runs are numbered only once all are
             read (`parse_profile` does so). Each chunk has its own categories: `pd.concat` of chunks gives
             plain strings (or use `pandas.api.types.union_categoricals`).
@@ -312,7 +312,7 @@ def _table(columns: KernelColumns, runs: pd.DataFrame, source: str) -> pd.DataFr
     for column in STRING_COLUMNS:
         data[column] = _strings(gathered.distinct[column], gathered.codes.pop(column), convert.get(column))
     data |= {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
-    # Each duration fits in int64 (profile_events bounds it), but their sum, which every summary takes, may not.
+    # Each duration fits in int64 (`events` bounds it), but their sum, which every summary takes, may not.
     if data[C.DUR_US].sum(dtype=np.float64) >= 2**63:
         raise ProfileFormatError(
             f"the kernel durations of profile {source!r} add up to more than 2**63 microseconds; expected durations "

@@ -1,6 +1,6 @@
 """Reads studies back from the tracking store for `tracker compare`: runs, their tags, metrics and tables.
 
-Writing runs is `tracker.mlflow_log`'s; this module only reads, and hands back plain data (`FetchedRun`).
+Writing runs is `tracker.store.write`'s; this module only reads, and hands back plain data (`FetchedRun`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import mlflow
 import pandas as pd
 
 from tracker.errors import TrackerError
-from tracker.mlflow_log import TAG_ROLE, TAG_STUDY, redact
+from tracker.keys import ROLE_ATTEMPT, ROLE_STUDY, TAG_ROLE, TAG_STUDY, TAG_SUPERSEDED_BY
+from tracker.redaction import redact_uri
 
 ATTEMPT_TABLES = ("ops_by_op", "graph_diff")  # per-attempt tables the study report shows
 
@@ -52,15 +53,15 @@ def find_study_run(experiment: str, study: str) -> str:
     client = mlflow.MlflowClient()
     found = client.get_experiment_by_name(experiment)
     if found is None:
-        raise TrackerError(f"no experiment named {experiment!r} in {redact(mlflow.get_tracking_uri())}")
+        raise TrackerError(f"no experiment named {experiment!r} in {redact_uri(mlflow.get_tracking_uri())}")
     runs = client.search_runs(
         [found.experiment_id],
-        filter_string=f"tags.`{TAG_STUDY}` = '{_quote(study)}' and tags.`{TAG_ROLE}` = 'study'",
+        filter_string=f"tags.`{TAG_STUDY}` = '{_quote(study)}' and tags.`{TAG_ROLE}` = '{ROLE_STUDY}'",
         order_by=["attributes.start_time DESC"], max_results=1,
     )
     if not runs:
         raise TrackerError(f"experiment {experiment!r} has no run of study {study!r} (tags {TAG_STUDY}={study}, "
-                           f"{TAG_ROLE}=study)")
+                           f"{TAG_ROLE}={ROLE_STUDY})")
     return runs[0].info.run_id
 
 
@@ -76,7 +77,7 @@ def fetch_runs(run_ids: Sequence[str], *, tables: Sequence[str] = ATTEMPT_TABLES
         try:
             runs.append(client.get_run(run_id))
         except mlflow.exceptions.MlflowException as e:
-            raise TrackerError(f"no run {run_id!r} in {redact(mlflow.get_tracking_uri())}: {e.message}") from None
+            raise TrackerError(f"no run {run_id!r} in {redact_uri(mlflow.get_tracking_uri())}: {e.message}") from None
     return [_fetched(client, run, tables) for run in runs]
 
 
@@ -96,10 +97,10 @@ def fetch_study_runs(
         [parent.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{_quote(study_run_id)}'",
         order_by=["attributes.start_time ASC"], max_results=5000,
     )
-    attempts = [r for r in children if r.data.tags.get(TAG_ROLE) == "attempt"
-                and "tracker.superseded_by" not in r.data.tags]
+    attempts = [r for r in children if r.data.tags.get(TAG_ROLE) == ROLE_ATTEMPT
+                and TAG_SUPERSEDED_BY not in r.data.tags]
     if not attempts:
-        studies = sorted(r.info.run_name for r in children if r.data.tags.get(TAG_ROLE) == "study")
+        studies = sorted(r.info.run_name for r in children if r.data.tags.get(TAG_ROLE) == ROLE_STUDY)
         hint = f"; its nested study runs are {studies}: pass one of them" if studies else ""
         raise TrackerError(f"run {study_run_id} ({parent.name}) has no attempt runs{hint}")
     return parent, [_fetched(client, r, tables) for r in attempts]

@@ -1,4 +1,4 @@
-"""Tests of tracker.profile_parse on committed real profiles (ORT 1.16 with fences, ORT 1.32 with memory)."""
+"""Tests of tracker.profile.parse on committed real profiles (ORT 1.16 with fences, ORT 1.32 with memory)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracker import columns as C
 from tracker.errors import ProfileFormatError
-from tracker.profile_parse import parse_profile, parse_profile_bytes
+from tracker.profile import columns as C
+from tracker.profile.parse import parse_profile, parse_profile_bytes
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 OLD = FIXTURES / "profile_ort_1_16_fences.json"
 NEW = FIXTURES / "profile_ort_1_32.json"
 PROFILES = [pytest.param(OLD, id="ort-1.16-fences"), pytest.param(NEW, id="ort-1.32-memory")]
@@ -240,7 +240,7 @@ def test_a_truncated_profile_recovers_exactly_the_complete_events_before_the_cut
     runs = sorted((e["ts"], e["dur"]) for e in expected if e["name"] == "model_run")
     assert kernels, "the cut must leave some kernel events"
 
-    with caplog.at_level(logging.WARNING, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.WARNING, logger="tracker.profile.parse"):
         profile = parse_profile(truncated)
 
     assert profile.truncated is True
@@ -248,7 +248,7 @@ def test_a_truncated_profile_recovers_exactly_the_complete_events_before_the_cut
         (_node(e), e["ts"], e["dur"]) for e in kernels
     ]
     assert list(zip(profile.runs[C.TS_US], profile.runs[C.DUR_US])) == runs
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "tracker.profile_parse"]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "tracker.profile.parse"]
     assert len(warnings) == 1
     assert "truncated" in warnings[0].getMessage()
     assert f"{len(expected)} complete events" in warnings[0].getMessage()
@@ -265,9 +265,9 @@ def test_kernel_events_of_a_run_cut_before_its_model_run_event_are_outside_any_r
 
 
 def test_a_complete_profile_logs_no_warning(caplog):
-    with caplog.at_level(logging.WARNING, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.WARNING, logger="tracker.profile.parse"):
         parse_profile(NEW)
-    assert not [r for r in caplog.records if r.name == "tracker.profile_parse"]
+    assert not [r for r in caplog.records if r.name == "tracker.profile.parse"]
 
 
 # --- not a profile ----------------------------------------------------------------------------

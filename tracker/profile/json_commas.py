@@ -1,6 +1,6 @@
 """Finds the commas between the elements of a JSON list in its text, read piece by piece; numpy only.
 
-`tracker.profile_stream` cuts a profile's text at these commas when its events are not one per line (one long
+`tracker.profile.stream` cuts a profile's text at these commas when its events are not one per line (one long
 line, a pretty-printed list), so that it never decodes more than about a block of text at a time.
 """
 

@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tracker import columns as C
 from tracker.cli import main
-from tracker.profile_parse import parse_profile
+from tracker.profile import columns as C
+from tracker.profile.parse import parse_profile
 
-FIXTURE = Path(__file__).parent / "fixtures" / "profile_ort_1_32.json"
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "profile_ort_1_32.json"
 # Parses argv[1] and prints how much its peak resident memory grew from what the imports left.
 _PEAK_CHILD = """
 import sys
 from tracker.errors import ProfileFormatError
 from tracker.memory import peak_rss_bytes
-from tracker.profile_parse import parse_profile
+from tracker.profile.parse import parse_profile
 before = peak_rss_bytes()
 try:
     outcome = f"{len(parse_profile(sys.argv[1]).events)} rows"

@@ -1,4 +1,4 @@
-"""The streamed parse of tracker.profile_parse (chunk by chunk) gives exactly what the whole-text parse gives."""
+"""The streamed parse of tracker.profile.parse (chunk by chunk) gives exactly what the whole-text parse gives."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracker import columns as C
-from tracker import profile_parse
 from tracker.errors import ProfileFormatError
-from tracker.profile_parse import Profile, iter_profile_chunks, parse_profile
+from tracker.profile import columns as C
+from tracker.profile import parse
+from tracker.profile.parse import Profile, iter_profile_chunks, parse_profile
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 OLD = FIXTURES / "profile_ort_1_16_fences.json"
 NEW = FIXTURES / "profile_ort_1_32.json"
 PROFILES = [pytest.param(OLD, id="ort-1.16-fences"), pytest.param(NEW, id="ort-1.32-memory")]
@@ -29,7 +29,7 @@ SYNTH_RUNS = 3
 def _benchmark_module(name: str):
     """A script of benchmarks/ as a module (they import each other as siblings, as scripts run there do)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(Path(__file__).parents[1] / "benchmarks"))
+        patch.syspath_prepend(str(Path(__file__).parents[2] / "benchmarks"))
         return importlib.import_module(name)
 
 
@@ -180,12 +180,12 @@ def test_a_truncated_file_recovers_the_same_complete_events_streamed(source, cut
     data = (NEW if source == "fixture" else synthetic).read_bytes()
     path = tmp_path / "truncated.json"
     path.write_bytes(data[: CUTS[cut](data)])
-    with caplog.at_level(logging.WARNING, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.WARNING, logger="tracker.profile.parse"):
         whole = _whole(path)
         streamed = _streamed(path, 700)
     assert_same_profile(streamed, whole)
     assert whole.truncated is True
-    messages = [r.getMessage() for r in caplog.records if r.name == "tracker.profile_parse"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "tracker.profile.parse"]
     assert len(messages) == 2 and messages[0] == messages[1] and "truncated" in messages[0]
 
 
@@ -193,7 +193,7 @@ def test_a_truncated_file_ends_its_chunks_with_a_truncated_one(tmp_path, caplog)
     data = NEW.read_bytes()
     path = tmp_path / "truncated.json"
     path.write_bytes(data[: CUTS["mid-event"](data)])
-    with caplog.at_level(logging.WARNING, logger="tracker.profile_parse"):
+    with caplog.at_level(logging.WARNING, logger="tracker.profile.parse"):
         chunks = list(iter_profile_chunks(path, chunk_bytes=1))
     assert [c.truncated for c in chunks] == [False] * (len(chunks) - 1) + [True]
     assert f"{sum(c.trace_events for c in chunks)} complete events" in caplog.records[-1].getMessage()
@@ -262,9 +262,9 @@ BAD = [
 def test_what_is_not_a_profile_raises_the_same_error_streamed(data, message, tmp_path):
     path = tmp_path / "bad.json"
     path.write_bytes(data)
-    for parse in (_whole, lambda p: _streamed(p, 1), lambda p: _streamed(p, 2**20)):
+    for read in (_whole, lambda p: _streamed(p, 1), lambda p: _streamed(p, 2**20)):
         with pytest.raises(ProfileFormatError, match=message):
-            parse(path)
+            read(path)
 
 
 def test_events_of_other_categories_among_ort_events_are_skipped_streamed(tmp_path):
@@ -281,7 +281,7 @@ def test_a_small_file_is_read_whole_and_a_large_one_streamed(monkeypatch):
     def read_whole(path):
         raise AssertionError("read whole")
 
-    monkeypatch.setattr(profile_parse, "read_profile_bytes", read_whole)
+    monkeypatch.setattr(parse, "read_profile_bytes", read_whole)
     assert len(parse_profile(NEW, stream_above_bytes=NEW.stat().st_size).events) == 20
     with pytest.raises(AssertionError, match="read whole"):
         parse_profile(NEW, stream_above_bytes=NEW.stat().st_size + 1)
