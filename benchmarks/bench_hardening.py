@@ -21,7 +21,7 @@ from synth_profile import _profile_text, gpt2_graph
 _CHILD = """
 import sys, time
 from tracker.errors import ProfileFormatError
-from tracker.memory import peak_rss_bytes
+from tracker.measure.memory import peak_rss_bytes
 from tracker.profile.parse import parse_profile
 before, start = peak_rss_bytes(), time.perf_counter()
 try:

@@ -152,7 +152,7 @@ def compare_straightforward(path: Path) -> bool:
 
 
 def _peak_rss_mb() -> float:
-    from tracker.memory import peak_rss_bytes  # VmHWM, this process's own peak
+    from tracker.measure.memory import peak_rss_bytes  # VmHWM, this process's own peak
 
     peak = peak_rss_bytes()
     if peak:

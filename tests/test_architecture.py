@@ -1,4 +1,5 @@
-"""Only `tracker/store/` imports MLflow: everything else is testable without a tracking store."""
+"""The architecture, checked: only `tracker/store/` imports MLflow (everything else is testable without a
+tracking store), and no two modules of the library import each other, directly or around a loop."""
 
 from __future__ import annotations
 
@@ -58,3 +59,76 @@ def test_no_module_outside_tracker_store_imports_mlflow():
     assert not offenders, (
         "only tracker/store/ may import mlflow; move the MLflow call into a store function:\n" + "\n".join(offenders)
     )
+
+
+def library_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the library modules it imports, at any depth (imports inside functions count too)."""
+    modules = {_module_name(p, root): p for p in (root / "tracker").rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: resolved against this module's package
+                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(parts + ([base] if base else []))
+                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            found |= {t for t in targets if t in modules and t != name}
+        graph[name] = found
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other around a loop (strongly connected, more than one)."""
+    order, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(module: str) -> None:
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for target in sorted(graph[module]):
+            if target not in order:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in on_stack:
+                low[module] = min(low[module], order[target])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return cycles
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_the_cycle_check_finds_a_loop_through_a_function_level_import(tmp_path):
+    package = tmp_path / "tracker"
+    (package / "report").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "report" / "__init__.py").write_text("")
+    (package / "report" / "rows.py").write_text("def f():\n    from tracker.report.page import g\n")
+    (package / "report" / "page.py").write_text("from . import rows\n")
+    (package / "keys.py").write_text("import tracker.report.rows\n")
+    assert import_cycles(library_imports(tmp_path)) == [["tracker.report.page", "tracker.report.rows"]]
+
+
+def test_the_library_has_no_import_cycles():
+    graph = library_imports()
+    assert len(graph) > 40 and graph["tracker.api"]  # the walk found the library and its imports
+    assert not import_cycles(graph), "modules that import each other (move the shared part down a layer)"

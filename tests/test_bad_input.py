@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from tracker.cli import main
 from tracker.fusions.add_eyelike import make_linear_model
-from tracker.model_io import load_model
+from tracker.measure.model_io import load_model
 
 COMMANDS = ["inspect", "profile"]
 

@@ -14,7 +14,7 @@ from tracker.fusions.add_eyelike import (
     fuse_add_eyelike,
     make_linear_model,
 )
-from tracker.reference_runtime import run_reference
+from tracker.measure.reference_runtime import run_reference
 
 
 @pytest.fixture(scope="module")

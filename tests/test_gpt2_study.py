@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from tests.test_studies import artifact_paths, mlflow_run
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.lm_diff import LOGITS_FP32
+from tracker.measure.lm_diff import LOGITS_FP32
 from tracker.optimizations import REGISTRY
 from tests.conftest import FAST_SPEEDUP
 

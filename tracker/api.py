@@ -14,13 +14,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker import report, run_content
+from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
-from tracker.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
 from tracker.keys import STATUS_FAILED
+from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
+from tracker.measure.speedup import verdict
+from tracker.measure.steps import StepTimes
 from tracker.record import AttemptRecord, save_record, save_summary
-from tracker.speedup import verdict
-from tracker.steps import StepTimes
+from tracker.report.rows import best_attempt, rows_from_results
+from tracker.report.study import build_study_report
 from tracker.store import connect, write
 from tracker.termination import sigterm_as_exit
 
@@ -150,15 +152,15 @@ class Study:
     def best(self) -> AttemptResult | None:
         """The attempt to ship: the largest speed-up among those that passed their accuracy check and
         are faster than their baseline beyond the noise ("better"), else the first baseline."""
-        name = report.best_attempt((r.attempt.name, r.verdict, r.speedup.speedup if r.speedup else None)
-                                   for r in self.results)
+        name = best_attempt((r.attempt.name, r.verdict, r.speedup.speedup if r.speedup else None)
+                            for r in self.results)
         return next((r for r in self.results if r.attempt.name == name), None)
 
     def _log_report(self, best: str | None) -> None:
         """The study report on the parent run; a report problem never costs the study its summary."""
         try:
-            rows = report.rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
-            built = report.build_study_report(rows, self._workdir / "report", study=self.name, best=best)
+            rows = rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
+            built = build_study_report(rows, self._workdir / "report", study=self.name, best=best)
             write.log_study_report(built.html, built.tables)
         except Exception as e:
             logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)

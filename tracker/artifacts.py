@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracker import charts
-from tracker.attempt import AttemptResult, diff_against
+from tracker.measure.attempt import AttemptResult, diff_against
+from tracker.report import charts
 
 logger = logging.getLogger(__name__)
 

@@ -67,7 +67,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_compare_parser(sub) -> None:
-    from tracker.compare import PASS_RULE
+    from tracker.report.compare import PASS_RULE
 
     c = sub.add_parser(
         "compare", help="print a study's attempts side by side; exit 1 if a --require'd attempt did not pass",
@@ -89,7 +89,8 @@ def _add_compare_parser(sub) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tracker import compare, report
+    from tracker.report import compare
+    from tracker.report.study import write_report
     from tracker.store import connect
 
     if (args.study is None) != (args.experiment is None):
@@ -101,7 +102,7 @@ def _compare(args: argparse.Namespace) -> int:
                                          study=args.study, run_ids=args.runs or ())
     requirements = compare.check_required(comparison.rows, args.require)
     if args.html:
-        path = report.write_report(comparison.rows, args.html, title=comparison.title, best=comparison.best)
+        path = write_report(comparison.rows, args.html, title=comparison.title, best=comparison.best)
     if args.json:
         print(json.dumps({**compare.to_json(comparison, requirements),
                           "html": str(path) if args.html else None}, indent=1))
@@ -185,11 +186,11 @@ def _table(summary) -> str:
 
 def _profile(args: argparse.Namespace) -> int:
     from tracker.api import log_attempt
-    from tracker.attempt import MeasureConfig
-    from tracker.feeds import make_feeds
-    from tracker.latency import TimingConfig
-    from tracker.model_io import check_ort_ops, load_model
-    from tracker.ort_runtime import SessionConfig
+    from tracker.measure.attempt import MeasureConfig
+    from tracker.measure.feeds import make_feeds
+    from tracker.measure.latency import TimingConfig
+    from tracker.measure.model_io import check_ort_ops, load_model
+    from tracker.measure.ort_runtime import SessionConfig
 
     model = load_model(args.model)
     check_ort_ops(model, source=repr(args.model))  # before any run is made
@@ -217,9 +218,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tracker import reference_runtime as ref
-    from tracker.feeds import make_feeds
-    from tracker.model_io import load_model
+    from tracker.measure import reference_runtime as ref
+    from tracker.measure.feeds import make_feeds
+    from tracker.measure.model_io import load_model
 
     model = load_model(args.model)
     feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)

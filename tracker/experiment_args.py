@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tracker.attempt import MeasureConfig
-from tracker.latency import TimingConfig
-from tracker.speedup import MIN_ROUNDS, SpeedupConfig
+from tracker.measure.attempt import MeasureConfig
+from tracker.measure.latency import TimingConfig
+from tracker.measure.speedup import MIN_ROUNDS, SpeedupConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
 

@@ -176,7 +176,7 @@ def find_records(root: str | Path) -> list[Path]:
 
 def _external_locations(model: Path) -> set[str]:
     """The files a model's initializers keep their data in, relative to the model's folder."""
-    from tracker.model_io import load_model
+    from tracker.measure.model_io import load_model
 
     proto = load_model(model, load_external_data=False, check=False)  # by content: a protobuf named .json too
     return {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}

@@ -9,8 +9,6 @@ from pathlib import Path
 import onnx
 
 from tracker.artifacts import AttemptArtifacts
-from tracker.attempt import Attempt, AttemptResult, MeasureConfig
-from tracker.environment import fingerprint
 from tracker.keys import (
     STATUS_DIFF_FAILED,
     STATUS_FAILED,
@@ -22,8 +20,10 @@ from tracker.keys import (
     metric_keys,
     op_metrics,
 )
+from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig
+from tracker.measure.environment import fingerprint
+from tracker.measure.speedup import BASELINE_SPEEDUP
 from tracker.record import AttemptRecord
-from tracker.speedup import BASELINE_SPEEDUP
 
 
 def fill_record(
@@ -134,7 +134,7 @@ def measured_metrics(result: AttemptResult, reference: AttemptResult | None, tab
 
 def graph_delta_metrics(graph_diff) -> dict[str, float]:
     """`graph.delta.<OpType>` for every op type whose node count changed, and `graph.reshape_removed`."""
-    from tracker.graph_stats import DELTA, OP_TYPE
+    from tracker.measure.graph_stats import DELTA, OP_TYPE
 
     changed = graph_diff[graph_diff[DELTA] != 0]
     keys = metric_keys("graph.delta", list(changed[OP_TYPE]), "nodes")

@@ -21,7 +21,7 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "profile_ort_1_32.json"
 _PEAK_CHILD = """
 import sys
 from tracker.errors import ProfileFormatError
-from tracker.memory import peak_rss_bytes
+from tracker.measure.memory import peak_rss_bytes
 from tracker.profile.parse import parse_profile
 before = peak_rss_bytes()
 try:

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracker.api import Study
-from tracker.attempt import MeasureConfig
 from tracker.keys import TAG_WEIGHTS
-from tracker.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
-from tracker.ort_runtime import SessionConfig
-from tracker.steps import StepTimes
+from tracker.measure.attempt import MeasureConfig
+from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
+from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.steps import StepTimes
 from tracker.store import connect
 
 logger = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import tracker
 from tracker.errors import ProfileFormatError
-from tracker.memory import peak_rss_bytes
+from tracker.measure.memory import peak_rss_bytes
 from tracker.profile.kernels import GatheredColumns, gather
 from tracker.profile.stream import iter_mapped_batches
 

@@ -95,7 +95,9 @@ def upload_outbox(root: Path) -> Upload:
 
 def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     """Ends a study run, after logging its summary and report if it has none; whether it logged them."""
-    from tracker import compare, report
+    from tracker.report import compare
+    from tracker.report.rows import attempts_table
+    from tracker.report.study import build_study_report
     from tracker.store import read, write
 
     try:
@@ -112,10 +114,10 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     rows, best = comparison.rows, comparison.best
     # The step times only the study's process knew, with the counts of what is on the server now.
     metrics = {**saved_metrics, "study.attempts": len(rows), "study.failed": sum(r.failed for r in rows)}
-    summary = {"rows": report.attempts_table(rows, best=best).to_dict("records"), "metrics": metrics, "best": best}
+    summary = {"rows": attempts_table(rows, best=best).to_dict("records"), "metrics": metrics, "best": best}
     study = parent.tags.get(TAG_STUDY, parent.name)
     with tempfile.TemporaryDirectory(prefix="tracker-upload-") as tmp:
-        built = report.build_study_report(rows, tmp, study=study, best=best)
+        built = build_study_report(rows, tmp, study=study, best=best)
         write.end_uploaded_study(run_id, summary=summary, report=built)
     logger.info("study %s (run %s): summary and report logged from %d attempt runs, best: %s",
                 study, run_id, len(rows), best or NO_BEST)

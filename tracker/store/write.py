@@ -35,16 +35,16 @@ from tracker.keys import (
     TAG_UPLOADED_LATER,
     sanitize_key,
 )
-from tracker.model_io import load_model
+from tracker.measure.model_io import load_model
+from tracker.measure.steps import StepTimes
 from tracker.profile import columns as C
 from tracker.record import AttemptRecord
 from tracker.redaction import without_credentials
-from tracker.steps import StepTimes
 from tracker.store.connect import ensure_reachable
 from tracker.termination import deferred, defers_sigterm
 
 if TYPE_CHECKING:
-    from tracker.report import StudyReport
+    from tracker.report.study import StudyReport
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import pytest
 
 from scipy import stats
 
-from tracker.speedup import (
+from tracker.measure.speedup import (
     MIN_EFFECT,
     SYSTEMATIC_SE,
     Round,

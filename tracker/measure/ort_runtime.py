@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from tracker.errors import ModelError
-from tracker.latency import Latency
+from tracker.measure.latency import Latency
 
 logger = logging.getLogger(__name__)
 

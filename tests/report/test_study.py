@@ -10,12 +10,29 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig, report
+from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.profile import columns as C
 from tracker.store import write
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
-from tracker.report import AttemptRow
+from tracker.report.rows import (
+    ATTEMPT,
+    ATTEMPT_COLUMNS,
+    BEST,
+    OP_TYPE,
+    P50_MS,
+    SPEEDUP,
+    SPEEDUP_CI_LOW,
+    TABLES,
+    AttemptRow,
+    attempt_labels,
+    attempts_table,
+    graph_changes_by_attempt,
+    ops_by_attempt,
+    pick_best,
+    rows_from_results,
+)
+from tracker.report.study import build_study_report, write_report
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
@@ -44,7 +61,7 @@ def study(tmp_path_factory) -> Study:
 
 @pytest.fixture(scope="module")
 def rows(study) -> list[AttemptRow]:
-    return report.rows_from_results(study.results, failures=study.failures, skip_runs=FAST.skip_runs)
+    return rows_from_results(study.results, failures=study.failures, skip_runs=FAST.skip_runs)
 
 
 def test_rows_from_results_hold_one_row_per_attempt_in_study_order(study, rows):
@@ -65,29 +82,29 @@ def test_rows_from_results_hold_one_row_per_attempt_in_study_order(study, rows):
 
 
 def test_the_attempts_table_has_the_report_columns_and_marks_the_best(study, rows):
-    table = report.attempts_table(rows, best=study.best.attempt.name)
-    assert tuple(table.columns) == report.ATTEMPT_COLUMNS
-    assert table[report.BEST].sum() == 1
-    assert table.loc[table[report.BEST], report.ATTEMPT].item() == study.best.attempt.name
-    speedups = table.set_index(report.ATTEMPT)
-    assert speedups.loc["ort_opt_disabled", report.SPEEDUP_CI_LOW] <= speedups.loc["ort_opt_disabled", report.SPEEDUP]
-    assert pd.isna(speedups.loc["optimizer_crashed", report.P50_MS])
+    table = attempts_table(rows, best=study.best.attempt.name)
+    assert tuple(table.columns) == ATTEMPT_COLUMNS
+    assert table[BEST].sum() == 1
+    assert table.loc[table[BEST], ATTEMPT].item() == study.best.attempt.name
+    speedups = table.set_index(ATTEMPT)
+    assert speedups.loc["ort_opt_disabled", SPEEDUP_CI_LOW] <= speedups.loc["ort_opt_disabled", SPEEDUP]
+    assert pd.isna(speedups.loc["optimizer_crashed", P50_MS])
 
 
 def test_ops_by_attempt_puts_each_attempts_profiled_time_per_op_type_side_by_side(study, rows):
-    table = report.ops_by_attempt(rows)
-    assert list(table.columns) == [report.OP_TYPE, *(r.attempt.name for r in study.results)]
+    table = ops_by_attempt(rows)
+    assert list(table.columns) == [OP_TYPE, *(r.attempt.name for r in study.results)]
     for result in study.results:
         expected = result.summary(skip_runs=FAST.skip_runs).set_index(C.KEY)[C.US_PER_RUN]
-        shown = table.set_index(report.OP_TYPE)[result.attempt.name].dropna()
+        shown = table.set_index(OP_TYPE)[result.attempt.name].dropna()
         pd.testing.assert_series_equal(shown.sort_index(), expected.sort_index(), check_names=False)
-    ops = table.set_index(report.OP_TYPE)
+    ops = table.set_index(OP_TYPE)
     assert pd.isna(ops.loc["EyeLike", "reference_fused"])  # fused away
     assert ops.loc["AddEyeLike", "reference_fused"] > 0
 
 
 def test_graph_changes_by_attempt_list_only_the_op_types_an_attempt_changed(rows):
-    table = report.graph_changes_by_attempt(rows).set_index(report.OP_TYPE)
+    table = graph_changes_by_attempt(rows).set_index(OP_TYPE)
     assert set(table.index) == {"Add", "EyeLike", "tracker.fusions:AddEyeLike"}
     assert table["reference_fused"].to_dict() == {"Add": -1, "EyeLike": -1, "tracker.fusions:AddEyeLike": 1}
     assert (table[["baseline", "ort_opt_disabled", "reference_runtime"]] == 0).all().all()
@@ -105,18 +122,18 @@ def test_graph_changes_by_attempt_list_only_the_op_types_an_attempt_changed(rows
 )
 def test_the_best_attempt_is_the_fastest_better_one_else_the_first_baseline(verdicts, best):
     rows = [AttemptRow(attempt=name, verdict=v, speedup=s) for name, v, s in verdicts]
-    assert report.pick_best(rows) == best
+    assert pick_best(rows) == best
 
 
 def test_attempts_with_the_same_name_get_distinct_columns():
     rows = [AttemptRow(attempt="baseline", run_id="aaaaaaaa1111"),
             AttemptRow(attempt="baseline", run_id="bbbbbbbb2222"), AttemptRow(attempt="fp16")]
-    assert report.attempt_labels(rows) == ["baseline (aaaaaaaa)", "baseline (bbbbbbbb)", "fp16"]
+    assert attempt_labels(rows) == ["baseline (aaaaaaaa)", "baseline (bbbbbbbb)", "fp16"]
 
 
 def test_the_html_report_renders_offline_with_plotly_inlined_once(study, rows, tmp_path):
     best = study.best.attempt.name
-    built = report.build_study_report(rows, tmp_path / "report", study="report", best=best)
+    built = build_study_report(rows, tmp_path / "report", study="report", best=best)
     page = built.html.read_text(encoding="utf-8")
     assert built.html == tmp_path / "report" / "study_report.html"
     assert '<script src="http' not in page and not re.search(r"<script[^>]+src=", page)
@@ -126,19 +143,19 @@ def test_the_html_report_renders_offline_with_plotly_inlined_once(study, rows, t
         assert f">{r.attempt}<" in page or f"&#9733; {r.attempt}<" in page
     assert 'class="verdict v-rejected"' in page and 'class="verdict v-failed"' in page
     assert page.count('<tr class="best">') == 1 and f"&#9733; {best}" in page
-    assert set(built.tables) == set(report.TABLES)
+    assert set(built.tables) == set(TABLES)
 
 
 def test_a_report_needs_an_attempt(tmp_path):
     with pytest.raises(ValueError, match="at least one attempt"):
-        report.write_report([], tmp_path / "r.html", title="empty", best=None)
+        write_report([], tmp_path / "r.html", title="empty", best=None)
 
 
 def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment_id = client.create_experiment("logged", artifact_location=str(tmp_path / "artifacts"))
-    built = report.build_study_report(rows, tmp_path / "built", study="report", best="baseline")
+    built = build_study_report(rows, tmp_path / "built", study="report", best="baseline")
     isolate_mlflow(monkeypatch)
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(experiment_id=experiment_id) as run:
@@ -149,4 +166,4 @@ def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path
     ops = client.load_table(experiment_id, "report/ops_by_attempt.json", run_ids=[run.info.run_id])
     assert list(ops.columns) == list(built.tables["ops_by_attempt"].columns)
     attempts = client.load_table(experiment_id, "report/attempts.json", run_ids=[run.info.run_id])
-    assert list(attempts[report.ATTEMPT]) == [r.attempt for r in rows]
+    assert list(attempts[ATTEMPT]) == [r.attempt for r in rows]

@@ -1,9 +1,8 @@
-"""Plotly figures of profile summaries and diffs, and the self-contained HTML page that holds them."""
+"""Plotly figures of one attempt's profile summaries and diffs, and the offline HTML page that holds them."""
 
 from __future__ import annotations
 
-import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +10,7 @@ import plotly.graph_objects as go
 
 from tracker.profile import aggregate
 from tracker.profile import columns as C
+from tracker.report.page import write_page
 
 _BAR_PX = 22
 _MIN_HEIGHT_PX = 320
@@ -18,6 +18,7 @@ _TREEMAP_HEIGHT_PX = 700
 _OTHER = "(other)"
 _BAR_COLOR = "#636efa"  # plotly's first default color
 _OTHER_COLOR = "#b0b0b0"
+_CSS = "body{font-family:sans-serif;margin:1em 2em}section.figure{margin-bottom:2em}"
 _STATUS_MARKS = {"added": " [added]", "removed": " [removed]"}
 # (column, view name, axis title, hover format of the value)
 _VIEWS = (
@@ -181,7 +182,7 @@ def comparison_chart(diff: pd.DataFrame, *, title: str, top: int = 20) -> go.Fig
 
 
 def write_html(figures: Sequence[go.Figure], path: str | Path, *, title: str) -> Path:
-    """Writes figures into one HTML page that renders offline, with plotly.js inlined once.
+    """Writes figures into one HTML page that renders offline, with plotly.js inlined once (`page.write_page`).
 
     Args:
         figures: the figures, in page order.
@@ -193,33 +194,7 @@ def write_html(figures: Sequence[go.Figure], path: str | Path, *, title: str) ->
     """
     if not figures:
         raise ValueError("write_html needs at least one figure, got none")
-    parts = [
-        # Inlined rather than from a CDN: MLflow's artifact viewer may have no network access.
-        fig.to_html(
-            full_html=False,
-            include_plotlyjs=(i == 0),
-            div_id=f"figure-{i}",
-            default_height=fig.layout.height or _MIN_HEIGHT_PX,
-            config={"displaylogo": False, "responsive": True},
-        )
-        for i, fig in enumerate(figures)
-    ]
-    page = _page(title, parts)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
-
-
-def _page(title: str, parts: Iterable[str]) -> str:
-    escaped = html.escape(title)
-    body = "\n".join(f'<section class="figure">\n{part}\n</section>' for part in parts)
-    return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-        f"<title>{escaped}</title>\n"
-        "<style>body{font-family:sans-serif;margin:1em 2em}section.figure{margin-bottom:2em}</style>\n"
-        f"</head>\n<body>\n<h1>{escaped}</h1>\n{body}\n</body>\n</html>\n"
-    )
+    return write_page(path, title=title, parts=figures, css=_CSS)
 
 
 def _layout_bars(fig: go.Figure, title: str, axis_title: str, *, n_bars: int) -> None:

@@ -1,27 +1,26 @@
-"""A study's report: the attempts side by side (tables) and an offline HTML page with charts. No MLflow."""
+"""A study's attempts as report rows, the best-attempt rule, and the report's tables (op type x attempt)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tracker.graph_stats import DELTA, diff_graphs
+from tracker.measure.graph_stats import DELTA, diff_graphs
 from tracker.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
 from tracker.profile import columns as C
 from tracker.profile.columns import OP_TYPE  # also the first column of the wide tables (op type x attempt)
 
 if TYPE_CHECKING:
-    from tracker.attempt import AttemptResult
+    from tracker.measure.attempt import AttemptResult
 
 # Columns of the attempts table (one row per attempt).
 ATTEMPT = "attempt"
 RUNTIME = "runtime"
 STATUS = "status"  # STATUS_OK, STATUS_DIFF_FAILED or STATUS_FAILED (as the `tracker.status` tag)
-VERDICT = "verdict"  # "baseline" or one of tracker.speedup.VERDICTS; None when the attempt failed
+VERDICT = "verdict"  # "baseline" or one of tracker.measure.speedup.VERDICTS; None when the attempt failed
 BEST = "best"
 P50_MS = "p50_ms"
 SPEEDUP = "speedup"
@@ -74,14 +73,6 @@ class AttemptRow:
     @property
     def failed(self) -> bool:
         return self.status == STATUS_FAILED or self.error is not None
-
-
-@dataclass(frozen=True)
-class StudyReport:
-    """The report's HTML page and its tables (`TABLES`), ready to be logged."""
-
-    html: Path
-    tables: dict[str, pd.DataFrame]
 
 
 def rows_from_results(
@@ -189,47 +180,6 @@ def attempt_labels(rows: Sequence[AttemptRow]) -> list[str]:
     names = [r.attempt for r in rows]
     return [n if names.count(n) == 1 else f"{n} ({(r.run_id or str(i))[:8]})"
             for i, (n, r) in enumerate(zip(names, rows))]
-
-
-def build_study_report(
-    rows: Sequence[AttemptRow], folder: str | Path, *, study: str, best: str | None
-) -> StudyReport:
-    """Writes `folder/study_report.html` (see `write_report`) and returns it with the report's tables."""
-    tables = report_tables(rows, best=best)
-    path = _write_page(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best)
-    return StudyReport(html=path, tables=tables)
-
-
-def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, best: str | None) -> Path:
-    """Writes the report as one HTML page that renders offline (plotly.js inlined once, no CDN).
-
-    Args:
-        rows: the attempts, in the order to show them.
-        path: the file to write; missing parent directories are created.
-        title: the page's title and heading.
-        best: the attempt to highlight (see `pick_best`), or None.
-
-    Returns:
-        The path written.
-
-    Raises:
-        ValueError: the file or its folder cannot be written.
-    """
-    try:
-        return _write_page(rows, report_tables(rows, best=best), Path(path), title=title, best=best)
-    except OSError as e:  # a folder that cannot be created or written: a clear error, not a traceback
-        raise ValueError(f"cannot write the report to {str(path)!r}: {e.strerror or e}") from e
-
-
-def _write_page(rows, tables: Mapping[str, pd.DataFrame], path: Path, *, title: str, best: str | None) -> Path:
-    if not rows:
-        raise ValueError("a report needs at least one attempt, got none")
-    from tracker.report_html import render_page
-
-    page = render_page(title, tables, attempt_labels(rows), best=best)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(page, encoding="utf-8")
-    return path
 
 
 def _wide(columns: Mapping[str, pd.Series], *, sort_by) -> pd.DataFrame:

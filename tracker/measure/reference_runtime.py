@@ -19,8 +19,8 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from tracker.errors import UnsupportedOpError
-from tracker.feeds import check_feeds
-from tracker.latency import Latency, TimingConfig, time_runs
+from tracker.measure.feeds import check_feeds
+from tracker.measure.latency import Latency, TimingConfig, time_runs
 from tracker.profile import columns as C
 from tracker.profile.parse import Profile
 

@@ -13,19 +13,19 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from tracker import reference_runtime as ref
-from tracker.cpu_load import watch_cpu_load
-from tracker.feeds import check_feeds
-from tracker.graph_stats import GraphStats, diff_graphs, graph_stats
-from tracker.latency import Latency, TimingConfig, time_runs
-from tracker.model_io import load_model, ort_can_load
-from tracker.ort_runtime import SessionConfig, make_session, profile_ort
-from tracker.output_diff import FP32, OutputDiff, Tolerance
-from tracker.lm_diff import LogitsDiff, LogitsTolerance
+from tracker.measure import reference_runtime as ref
+from tracker.measure.cpu_load import watch_cpu_load
+from tracker.measure.feeds import check_feeds
+from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
+from tracker.measure.latency import Latency, TimingConfig, time_runs
+from tracker.measure.lm_diff import LogitsDiff, LogitsTolerance
+from tracker.measure.model_io import load_model, ort_can_load
+from tracker.measure.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.output_diff import FP32, OutputDiff, Tolerance
+from tracker.measure.speedup import Speedup, SpeedupConfig, measure_speedup
+from tracker.measure.steps import StepTimes
 from tracker.profile import aggregate
 from tracker.profile.parse import Profile, parse_profile
-from tracker.speedup import Speedup, SpeedupConfig, measure_speedup
-from tracker.steps import StepTimes
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class AttemptResult:
     traces: dict[int, str] = field(default_factory=dict)
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
-    verdict: str | None = None  # "baseline", or one of tracker.speedup.VERDICTS
+    verdict: str | None = None  # "baseline", or one of tracker.measure.speedup.VERDICTS
     ort_loadable: bool = True  # False for a custom-domain op ONNX Runtime does not know
     steps: StepTimes = field(default_factory=StepTimes)
     cpu_load: dict[str, float] = field(default_factory=dict)  # other processes' share of the CPU, by step
@@ -292,7 +292,7 @@ def time_against(
     model: onnx.ModelProto | None = None,
 ) -> Speedup:
     """The speed-up of `attempt` over `reference` on `feeds`, timed in rounds of fresh sessions
-    (`tracker.speedup.measure_speedup`) whose threads stop spinning when a run returns.
+    (`tracker.measure.speedup.measure_speedup`) whose threads stop spinning when a run returns.
 
     Args:
         model: `attempt`'s model as already loaded, to spare loading it again (reference runtime).

@@ -1,4 +1,4 @@
-"""Tests of tracker.feeds: seeded feeds from a model's signature, and checking feeds against it."""
+"""Tests of tracker.measure.feeds: seeded feeds from a model's signature, and checking feeds against it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tracker.errors import FeedError
-from tracker.feeds import InputSpec, check_feeds, input_specs, make_feeds
+from tracker.measure.feeds import InputSpec, check_feeds, input_specs, make_feeds
 from tracker.fusions.add_eyelike import make_linear_model
 
 

@@ -1,14 +1,19 @@
-"""The study report as one HTML page: tables and plotly charts, verdicts colour-coded, renders offline."""
+"""The study report: its tables and one offline HTML page of them, with charts and colour-coded verdicts."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from tracker.report import (
+from tracker.measure.speedup import describe
+from tracker.report.page import write_page
+from tracker.report.rows import (
     BEST,
     DIFF_MAX_ABS,
     DIFF_PASSED,
@@ -26,8 +31,13 @@ from tracker.report import (
     STATUS,
     TOP1,
     VERDICT,
+    AttemptRow,
+    attempt_labels,
+    report_tables,
 )
-from tracker.speedup import describe
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
 
 VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101", "same": "#5e3c99",
                   "inconclusive": "#878787",
@@ -36,15 +46,53 @@ _TOP_OPS = 12
 _OTHER = "(other)"
 
 
-def render_page(title: str, tables: Mapping[str, pd.DataFrame], labels: Sequence[str], *, best: str | None) -> str:
-    """The report page of `report.report_tables(...)`, attempts labelled `labels`, plotly.js inlined once.
+@dataclass(frozen=True)
+class StudyReport:
+    """The report's HTML page and its tables (`rows.TABLES`), ready to be logged."""
 
-    Inlined rather than from a CDN: MLflow's artifact viewer may have no network access.
+    html: Path
+    tables: dict[str, pd.DataFrame]
+
+
+def build_study_report(
+    rows: Sequence[AttemptRow], folder: str | Path, *, study: str, best: str | None
+) -> StudyReport:
+    """Writes `folder/study_report.html` (see `write_report`) and returns it with the report's tables."""
+    tables = report_tables(rows, best=best)
+    path = _write(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best)
+    return StudyReport(html=path, tables=tables)
+
+
+def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, best: str | None) -> Path:
+    """Writes the report as one HTML page that renders offline (plotly.js inlined once, no CDN).
+
+    Args:
+        rows: the attempts, in the order to show them.
+        path: the file to write; missing parent directories are created.
+        title: the page's title and heading.
+        best: the attempt to highlight (see `rows.pick_best`), or None.
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: the file or its folder cannot be written.
     """
+    try:
+        return _write(rows, report_tables(rows, best=best), Path(path), title=title, best=best)
+    except OSError as e:  # a folder that cannot be created or written: a clear error, not a traceback
+        raise ValueError(f"cannot write the report to {str(path)!r}: {e.strerror or e}") from e
+
+
+def _write(rows: Sequence[AttemptRow], tables: Mapping[str, pd.DataFrame], path: Path, *, title: str,
+           best: str | None) -> Path:
+    if not rows:
+        raise ValueError("a report needs at least one attempt, got none")
+    labels = attempt_labels(rows)
     figures = [_speedup_chart(tables["attempts"], labels)]
     if tables["ops_by_attempt"].shape[1] > 1:
         figures.append(_ops_chart(tables["ops_by_attempt"]))
-    return _page(title, tables, labels, figures, best=best)
+    return write_page(path, title=title, parts=_parts(tables, labels, figures, best=best), css=_CSS)
 
 
 def _speedup_chart(attempts: pd.DataFrame, labels: Sequence[str]):
@@ -130,16 +178,11 @@ _VERDICT_MEANING = {
 }
 
 
-def _page(title: str, tables: Mapping[str, pd.DataFrame], labels: Sequence[str], figures: Sequence,
-          *, best: str | None) -> str:
+def _parts(tables: Mapping[str, pd.DataFrame], labels: Sequence[str], figures: Sequence[go.Figure],
+           *, best: str | None) -> list[str | go.Figure]:
     attempts = tables["attempts"]
     verdicts = {label: ("failed" if s == "failed" else v or "unknown")
                 for label, v, s in zip(labels, attempts[VERDICT], attempts[STATUS])}
-    charts = [
-        fig.to_html(full_html=False, include_plotlyjs=(i == 0), div_id=f"figure-{i}",
-                    default_height=fig.layout.height, config={"displaylogo": False, "responsive": True})
-        for i, fig in enumerate(figures)  # plotly.js inlined once: the artifact viewer may be offline
-    ]
     best_verdict = attempts.loc[attempts[BEST], VERDICT].iloc[0] if attempts[BEST].any() else None
     if best is None:
         headline = "No attempt passed: there is no baseline to ship."
@@ -150,21 +193,18 @@ def _page(title: str, tables: Mapping[str, pd.DataFrame], labels: Sequence[str],
     legend = " ".join(f'<span class="verdict v-{v}">{v}</span> {_e(m)}&nbsp;&nbsp;'
                       for v, m in _VERDICT_MEANING.items())
     graph = tables["graph_changes_by_attempt"]
-    parts = [
-        f"<h1>{_e(title)}</h1>", f"<p>{headline}</p>",
+    return [
+        f"<p>{headline}</p>",
         "<h2>Attempts</h2>", _attempts_html(attempts, labels),
         f'<p class="legend">{legend}<br>{_TIMING_NOTE}</p>',
-        f'<section class="figure">{charts[0]}</section>',
+        figures[0],
         "<h2>Time per op type (profiled µs per run)</h2>",
         _wide_html(tables["ops_by_attempt"], verdicts, best, fmt=lambda v: f"{v:,.1f}", total=True),
-        *(f'<section class="figure">{c}</section>' for c in charts[1:]),
+        *figures[1:],
         "<h2>Graph changes (nodes added or removed per op type, against the runtime's baseline)</h2>",
         _wide_html(graph, verdicts, best, fmt=lambda v: f"{int(v):+d}" if v else "0", total=False)
         if len(graph) else "<p>No attempt changed the graph.</p>",
     ]
-    return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-            f"<title>{_e(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(parts) + "\n</body>\n</html>\n")
 
 
 def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:

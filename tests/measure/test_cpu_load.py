@@ -16,9 +16,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.cpu_load import DISTURBED_LOAD, CpuLoad, watch_cpu_load
-from tracker.compare import format_table, load_comparison
-from tracker.speedup import SpeedupConfig
+from tracker.measure.cpu_load import DISTURBED_LOAD, CpuLoad, watch_cpu_load
+from tracker.report.compare import format_table, load_comparison
+from tracker.measure.speedup import SpeedupConfig
 
 
 @pytest.fixture

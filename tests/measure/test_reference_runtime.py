@@ -1,4 +1,4 @@
-"""Tests of tracker.reference_runtime on a real in-memory model (EyeLike, Add, MatMul, Add)."""
+"""Tests of tracker.measure.reference_runtime on a real in-memory model (EyeLike, Add, MatMul, Add)."""
 
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from onnx import numpy_helper
 
 from tracker.errors import FeedError
 from tracker.fusions.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
-from tracker.latency import TimingConfig
-from tracker.profile import columns as C
-from tracker.profile.parse import parse_profile
-from tracker.reference_runtime import (
+from tracker.measure.latency import TimingConfig
+from tracker.measure.reference_runtime import (
     evaluate_node,
     profile_reference,
     run_reference,
     time_reference,
     trace_reference,
 )
+from tracker.profile import columns as C
+from tracker.profile.parse import parse_profile
 
 N_FEATURES = 16
 
@@ -63,7 +63,7 @@ def test_profile_timings_are_positive_float_microseconds_in_increasing_order(mod
     assert table[C.TS_US].is_monotonic_increasing
     assert table[C.MEM_IN_USE_DELTA].dtype == pd.Int64Dtype()
     assert table[C.MEM_IN_USE_DELTA].isna().all()
-    ort_table = parse_profile(Path(__file__).parent / "fixtures" / "profile_ort_1_32.json").events
+    ort_table = parse_profile(Path(__file__).parents[1] / "fixtures" / "profile_ort_1_32.json").events
     kinds = table.dtypes.astype(str).drop([C.DUR_US, C.TS_US])  # µs as floats: the evaluator times in ns
     assert kinds.equals(ort_table.dtypes.astype(str).drop([C.DUR_US, C.TS_US]))
 

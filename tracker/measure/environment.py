@@ -42,7 +42,7 @@ def cpu_model() -> str:
 
 # glibc's malloc asks the kernel for transparent huge pages (madvise) on the memory it maps. Large
 # models' weights then sit on 2 MB pages: on the project's VMs gpt2-small ran ~30 % faster with it, and
-# two sessions of one model stopped differing by up to 20 % (see tracker/speedup.py).
+# two sessions of one model stopped differing by up to 20 % (see tracker/measure/speedup.py).
 HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
 _THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

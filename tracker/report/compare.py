@@ -25,8 +25,8 @@ from tracker.keys import (
 )
 
 if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
+    from tracker.report.rows import AttemptRow
     from tracker.store.read import FetchedRun
-    from tracker.report import AttemptRow
 
 PASS_RULE = (
     "An attempt passes when a run of that name is among the compared runs, it did not crash (run "
@@ -70,7 +70,7 @@ def load_comparison(
         ValueError: not exactly one way of choosing the runs was given.
         TrackerError: the runs do not exist.
     """
-    from tracker import report
+    from tracker.report.rows import pick_best
     from tracker.store import read
 
     ways = [study_run_id is not None, experiment is not None or study is not None, bool(run_ids)]
@@ -81,13 +81,13 @@ def load_comparison(
         rows = [row_from_run(run) for run in runs]
         studies = {r.tags.get(TAG_STUDY) for r in runs}
         title = f"Study {studies.pop()}" if len(studies) == 1 and None not in studies else "Selected runs"
-        return Comparison(title, rows, report.pick_best(rows))
+        return Comparison(title, rows, pick_best(rows))
     if study_run_id is None:
         study_run_id = read.find_study_run(experiment, study)
     parent, attempts = read.fetch_study_runs(study_run_id)
     rows = [row_from_run(run) for run in attempts]
     best = parent.tags.get(TAG_BEST)
-    best = report.pick_best(rows) if best is None else (None if best == NO_BEST else best)
+    best = pick_best(rows) if best is None else (None if best == NO_BEST else best)
     name = parent.tags.get(TAG_STUDY, parent.name)
     return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id)
 
@@ -95,7 +95,7 @@ def load_comparison(
 def check_report_path(path: str | Path) -> Path:
     """Checks, before any run is read, that the HTML report can be written at `path`.
 
-    Missing parent folders are fine: `report.write_report` creates them. What cannot be created is
+    Missing parent folders are fine: `study.write_report` creates them. What cannot be created is
     an error: a parent that is a file, a folder that is not writable, or `path` being a folder.
 
     Raises:
@@ -119,7 +119,7 @@ def check_report_path(path: str | Path) -> Path:
 
 def row_from_run(run: FetchedRun) -> AttemptRow:
     """The report row of an attempt run."""
-    from tracker.report import AttemptRow
+    from tracker.report.rows import AttemptRow
 
     tags, metrics = run.tags, run.metrics
     crashed = run.status != "FINISHED" or tags.get(TAG_STATUS) == STATUS_FAILED
@@ -168,13 +168,13 @@ def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Req
 def format_table(comparison: Comparison) -> str:
     """The attempts as a plain-text table (`*` marks the best attempt), then a line on each attempt whose
     speed-up is below what its measurement could detect, or whose measurement was disturbed."""
-    from tracker import report
-    from tracker.speedup import describe
+    from tracker.measure.speedup import describe
+    from tracker.report.rows import attempt_labels
 
     head = ("", "attempt", "runtime", "verdict", "p50_ms", "speedup", "interval", "detects", "accuracy", "nodes",
             "size_bytes", "status")
     lines, notes = [], []
-    for label, r in zip(report.attempt_labels(comparison.rows), comparison.rows):
+    for label, r in zip(attempt_labels(comparison.rows), comparison.rows):
         accuracy = "-" if r.diff_passed is None else (
             f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g})")
         if r.top1_agreement is not None:
@@ -208,9 +208,9 @@ def format_table(comparison: Comparison) -> str:
 
 def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict[str, object]:
     """The comparison and the requirement checks as JSON-ready data (NaN becomes None)."""
-    from tracker import report
+    from tracker.report.rows import attempts_table
 
-    attempts = report.attempts_table(comparison.rows, best=comparison.best)
+    attempts = attempts_table(comparison.rows, best=comparison.best)
     return {
         "title": comparison.title,
         "study_run_id": comparison.study_run_id,

@@ -1,4 +1,4 @@
-"""Tests of tracker.model_io.load_model on real files: non-ONNX files, checker failures, valid models."""
+"""Tests of tracker.measure.model_io.load_model on real files: non-ONNX files, checker failures, valid models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from tracker.errors import ModelError
 from tracker.fusions.add_eyelike import make_linear_model
-from tracker.model_io import check_model, load_model, model_bytes
+from tracker.measure.model_io import check_model, load_model, model_bytes
 
 NOT_ONNX = r"not (a readable|an) ONNX model"
 

@@ -1,4 +1,4 @@
-"""Tests of tracker.graph_stats on the in-memory EyeLike/Add/MatMul/Add model and its fused form."""
+"""Tests of tracker.measure.graph_stats on the in-memory EyeLike/Add/MatMul/Add model and its fused form."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 from tracker.fusions.add_eyelike import DOMAIN, fuse_add_eyelike, make_linear_model
-from tracker.graph_stats import ATTEMPT_COUNT, BASELINE_COUNT, DELTA, OP_TYPE, diff_graphs, graph_stats
+from tracker.measure.graph_stats import ATTEMPT_COUNT, BASELINE_COUNT, DELTA, OP_TYPE, diff_graphs, graph_stats
 
 N_FEATURES = 100
 INITIALIZER_BYTES = (N_FEATURES * N_FEATURES + N_FEATURES) * 4  # A [100, 100] and B [1, 100], float32

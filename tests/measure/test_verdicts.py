@@ -16,11 +16,11 @@ import numpy as np
 import onnx
 import pytest
 
-from tracker.attempt import Attempt, time_against
-from tracker.calibration import with_extra_work
-from tracker.latency import TimingConfig, time_runs
-from tracker.ort_runtime import SessionConfig, make_session
-from tracker.speedup import SpeedupConfig
+from tracker.measure.attempt import Attempt, time_against
+from tracker.measure.calibration import with_extra_work
+from tracker.measure.latency import TimingConfig, time_runs
+from tracker.measure.ort_runtime import SessionConfig, make_session
+from tracker.measure.speedup import SpeedupConfig
 
 CONFIG = SpeedupConfig(seconds=1.0)
 MODELS = ("linreg", "fusion", "gpt2-tiny")
