@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -110,8 +111,13 @@ def test_linreg_study_logs_three_ort_attempts_with_profiles_models_and_quality(t
                                              filter_string=f"source_run_id = '{run.info.run_id}'")
         assert len(models) == 1
     assert runs["baseline"].data.metrics["latency.speedup_vs_baseline"] == 1.0
-    table = client.download_artifacts(runs["linreg"].info.run_id, "study/attempts.csv", str(tmp_path))
-    assert Path(table).read_text().count("\n") == 4
+    table = client.download_artifacts(runs["linreg"].info.run_id, "report/attempts.json", str(tmp_path))
+    table = json.loads(Path(table).read_text())
+    rows = [dict(zip(table["columns"], row)) for row in table["data"]]
+    assert [r["attempt"] for r in rows] == attempts  # the one attempts table of the study run
+    assert [r["run_id"] for r in rows] == [runs[name].info.run_id for name in attempts]
+    assert rows[0]["speedup_vs_baseline"] == 1.0
+    assert not client.list_artifacts(runs["linreg"].info.run_id, "study")
 
 
 def test_fusion_study_has_zero_diff_for_the_fused_op_and_rejects_the_wrong_kernel(tmp_path):

@@ -8,7 +8,6 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +15,11 @@ import onnx
 
 from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
-from tracker.keys import STATUS_FAILED
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
 from tracker.record import AttemptRecord, save_record, save_summary
-from tracker.report.rows import best_attempt, rows_from_results
+from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
 from tracker.report.study import build_study_report
 from tracker.store import connect, write
 from tracker.termination import sigterm_as_exit
@@ -31,27 +29,12 @@ logger = logging.getLogger(__name__)
 Evaluate = Callable[[list[np.ndarray]], Mapping[str, float]]
 
 
-@dataclass
-class _Baselines:
-    """A study's reference points: the first successful attempt of each runtime, in order."""
-
-    per_runtime: dict[str, AttemptResult] = field(default_factory=dict)
-
-    def add(self, result: AttemptResult) -> None:
-        if result.ok:
-            self.per_runtime.setdefault(result.attempt.runtime, result)
-
-    def for_outputs(self, runtime: str) -> AttemptResult | None:
-        """The same runtime's baseline, else (a cross-runtime check) the study's first baseline."""
-        return self.per_runtime.get(runtime) or next(iter(self.per_runtime.values()), None)
-
-
 class Study:
     """A parent MLflow run holding one nested run per optimization attempt.
 
-    The first attempt of each runtime that succeeds is that runtime's baseline: later attempts of the
-    runtime are compared with it (outputs, latency, per-op profile, graph). The first attempt of a
-    second runtime has its outputs compared with the first runtime's baseline (a cross-runtime check).
+    The first attempt of each runtime that succeeds is that runtime's baseline (`runtime_baselines`): later
+    attempts of the runtime are compared with it (outputs, latency, per-op profile, graph). The first attempt
+    of a second runtime has its outputs compared with the first runtime's baseline (a cross-runtime check).
 
     Example:
         with Study("my-model", feeds={"X": x}) as study:
@@ -88,7 +71,6 @@ class Study:
         self.log_models = log_models
         self._workdir_given = workdir is not None
         self._workdir = Path(workdir) if workdir is not None else None
-        self._baselines = _Baselines()
         self.results: list[AttemptResult] = []
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
         # Work done for the study before it started (e.g. an export) can be timed into `steps`.
@@ -124,7 +106,7 @@ class Study:
             attempt,
             self.feeds,
             config=self.config,
-            baselines=self._baselines,
+            baselines=runtime_baselines(self.results),
             workdir=self._workdir / attempt.name,
             study=self.name,
             evaluate=self.evaluate,
@@ -132,7 +114,6 @@ class Study:
             latency_feeds=self.latency_feeds,
             tags=self.tags,
         )
-        self._baselines.add(result)
         self.results.append(result)
         return result
 
@@ -151,9 +132,8 @@ class Study:
     @property
     def best(self) -> AttemptResult | None:
         """The attempt to ship: the largest speed-up among those that passed their accuracy check and
-        are faster than their baseline beyond the noise ("better"), else the first baseline."""
-        name = best_attempt((r.attempt.name, r.verdict, r.speedup.speedup if r.speedup else None)
-                            for r in self.results)
+        are faster than their baseline beyond the noise ("better"), else the first baseline (`pick_best`)."""
+        name = pick_best(rows_from_results(self.results, tables=False))
         return next((r for r in self.results if r.attempt.name == name), None)
 
     def _log_report(self, best: str | None) -> None:
@@ -176,14 +156,11 @@ class Study:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if exc_type is None:
-                rows = [run_content.summary_row(r, self._baselines.per_runtime.get(r.attempt.runtime)) for r in self.results]
-                rows += [{"attempt": n, "status": STATUS_FAILED, "error": e} for n, e in self.failures.items()]
-                failed = sum(not r.ok for r in self.results) + len(self.failures)
-                best = self.best
+                # The attempts table itself is the report's (`_log_report`); these rows only count and rank.
+                rows = rows_from_results(self.results, failures=self.failures, tables=False)
                 totals, wall = self.step_totals()
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
-                metrics = {"study.attempts": len(rows), "study.failed": failed, **totals.metrics(wall)}
-                summary = {"rows": rows, "metrics": metrics, "best": best.attempt.name if best else None}
+                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall)}, "best": pick_best(rows)}
                 try:
                     connect.ensure_reachable()
                     write.log_study_summary(**summary)
@@ -234,13 +211,12 @@ def log_attempt(
         if experiment:
             write.set_experiment(experiment)
     attempt = Attempt(name=name, model=model, **kwargs)
-    baselines = _Baselines()
     with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
         return run_attempt(
             attempt,
             dict(feeds),
             config=config or MeasureConfig(),
-            baselines=baselines,
+            baselines={},
             workdir=Path(tmp),
             study=None,
             evaluate=evaluate,
@@ -254,7 +230,7 @@ def run_attempt(
     feeds: Mapping[str, np.ndarray],
     *,
     config: MeasureConfig,
-    baselines: _Baselines,
+    baselines: Mapping[str, AttemptResult],
     workdir: Path,
     study: str | None,
     evaluate: Evaluate | None,
@@ -265,6 +241,7 @@ def run_attempt(
 ) -> AttemptResult:
     """Measures an attempt, then logs it in its own run (with `tags` on top of its own).
 
+    `baselines` are the study's so far (`runtime_baselines`); empty outside a study.
     Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
     error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
     record is kept in the outbox (`tracker.record.outbox_root()`) and the log says how to upload it.
@@ -274,26 +251,27 @@ def run_attempt(
                            experiment_id=experiment_id, params=run_content.attempt_params(attempt))
     result = AttemptResult(attempt=attempt)
     try:
-        output_reference = baselines.for_outputs(attempt.runtime)
-        if baseline_outputs is None and output_reference is not None:
-            baseline_outputs = output_reference.outputs
-        same_runtime = baselines.per_runtime.get(attempt.runtime)
+        same_runtime = baselines.get(attempt.runtime)
+        # A runtime's first attempt has its outputs checked against the study's first baseline (cross-runtime).
+        output_baseline = same_runtime or next(iter(baselines.values()), None)
+        if baseline_outputs is None and output_baseline is not None:
+            baseline_outputs = output_baseline.outputs
         result = measure_attempt(
             attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs,
             evaluate=evaluate, latency_feeds=latency_feeds,
-            reference=same_runtime.attempt if same_runtime is not None else None,
+            baseline=same_runtime.attempt if same_runtime is not None else None,
         )
         if result.diff is None:
             # The baseline against itself, so that every attempt carries the same diff.* keys.
             result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
-        # The first attempt of a runtime is its own reference: speed-up 1, node delta 0.
-        reference = same_runtime or result
-        result.verdict = "baseline" if reference is result else verdict(result.speedup, accuracy_passed=result.diff.passed)
+        # The first attempt of a runtime is its own baseline: speed-up 1, node delta 0.
+        baseline = same_runtime or result
+        result.verdict = "baseline" if baseline is result else verdict(result.speedup, accuracy_passed=result.diff.passed)
         with result.steps.step("artifacts"):
             artifacts = write_attempt_artifacts(
-                result, workdir / "artifacts", baseline=reference, skip_runs=config.skip_runs
+                result, workdir / "artifacts", baseline=baseline, skip_runs=config.skip_runs
             )
-        run_content.fill_record(record, result, artifacts, config, reference, workdir, log_model=log_model)
+        run_content.fill_record(record, result, artifacts, config, baseline, workdir, log_model=log_model)
     except Exception as e:
         logger.error("attempt %s failed: %s: %s", attempt.name, type(e).__name__, e)
         result.error = f"{type(e).__name__}: {e}"

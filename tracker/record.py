@@ -131,7 +131,7 @@ def load_record(folder: str | Path) -> AttemptRecord:
 
 
 def save_summary(summary: dict, *, study: str, parent_run_id: str, root: Path | None = None) -> Path:
-    """Keeps a study's summary (rows, metrics, best attempt) that could not be logged on its run."""
+    """Keeps a study's summary (metrics, best attempt) that could not be logged on its run."""
     folder = (root or outbox_root()) / _SAFE.sub("_", f"{study}-{parent_run_id}")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / SUMMARY_FILE
@@ -147,7 +147,7 @@ def load_summary(path: str | Path) -> dict:
     """
     path = Path(path)
     data = _read_json(path, "study summary")
-    read = [f.name for f in fields(_SavedSummary)]  # the rows and best attempt are rebuilt from the runs
+    read = [f.name for f in fields(_SavedSummary)]  # the best attempt and the counts are rebuilt from the runs
     problem = _field_problem({k: v for k, v in data.items() if k in read} if isinstance(data, dict) else data,
                              _SavedSummary)
     if problem:

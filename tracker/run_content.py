@@ -10,9 +10,6 @@ import onnx
 
 from tracker.artifacts import AttemptArtifacts
 from tracker.keys import (
-    STATUS_DIFF_FAILED,
-    STATUS_FAILED,
-    STATUS_OK,
     TAG_DIFF,
     TAG_DISTURBED,
     TAG_STATUS,
@@ -22,8 +19,9 @@ from tracker.keys import (
 )
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.measure.environment import fingerprint
-from tracker.measure.speedup import BASELINE_SPEEDUP
+from tracker.measure.runtime import get_runtime
 from tracker.record import AttemptRecord
+from tracker.report.rows import attempt_status, carried_speedup, speedup_vs_baseline
 
 
 def fill_record(
@@ -31,7 +29,7 @@ def fill_record(
     result: AttemptResult,
     artifacts: AttemptArtifacts,
     config: MeasureConfig,
-    reference: AttemptResult,
+    baseline: AttemptResult,
     workdir: Path,
     *,
     log_model: bool,
@@ -39,8 +37,8 @@ def fill_record(
     """Puts a measured attempt's params, metrics, tags, tables, files and model into `record`."""
     attempt = result.attempt
     record.params.update(measured_params(result, config))
-    record.metrics = measured_metrics(result, reference, artifacts.tables)
-    record.tags = {TAG_STATUS: STATUS_OK if result.diff.passed else STATUS_DIFF_FAILED,
+    record.metrics = measured_metrics(result, baseline, artifacts.tables)
+    record.tags = {TAG_STATUS: attempt_status(failed=False, diff_passed=bool(result.diff.passed)),
                    TAG_DIFF: "passed" if result.diff.passed else "failed",
                    TAG_VERDICT: result.verdict}
     if result.disturbed_steps:
@@ -78,10 +76,7 @@ def compress_if_large(path: Path) -> Path:
 
 def attempt_params(attempt: Attempt) -> dict[str, str]:
     params = {"attempt.name": attempt.name, "attempt.runtime": attempt.runtime}
-    if attempt.runtime == "onnxruntime":
-        params.update(attempt.session.params())
-    else:
-        params["reference.new_ops"] = ",".join(f"{c.op_domain}:{c.__name__}" for c in attempt.new_ops) or "none"
+    params.update(get_runtime(attempt.runtime).params(attempt))
     params.update(attempt.params)
     return params
 
@@ -96,7 +91,7 @@ def measured_params(result: AttemptResult, config: MeasureConfig) -> dict[str, s
     return params
 
 
-def measured_metrics(result: AttemptResult, reference: AttemptResult | None, tables: dict) -> dict[str, float]:
+def measured_metrics(result: AttemptResult, baseline: AttemptResult | None, tables: dict) -> dict[str, float]:
     metrics: dict[str, float] = {}
     if result.latency is not None:
         metrics.update(result.latency.metrics())
@@ -105,24 +100,24 @@ def measured_metrics(result: AttemptResult, reference: AttemptResult | None, tab
     if result.profile is not None:
         metrics["profile.runs"] = float(result.profile.run_count)
         metrics["profile.kernel_events"] = float(len(result.profile.events))
-    if reference is not None and reference.latency is not None and result.latency is not None:
-        metrics["latency.speedup_vs_baseline"] = reference.latency.p50_ms / result.latency.p50_ms
-    if result.speedup is not None:
-        metrics.update(result.speedup.metrics())
-    elif reference is result:
-        metrics.update(BASELINE_SPEEDUP.metrics())
+    if baseline is not None and baseline.latency is not None and result.latency is not None:
+        metrics["latency.speedup_vs_baseline"] = speedup_vs_baseline(result.latency.p50_ms, baseline.latency.p50_ms)
+    speedup = carried_speedup(result)
+    if speedup is not None:
+        metrics.update(speedup.metrics())
     metrics.update({f"measure.other_load.{step}": load for step, load in result.cpu_load.items()})
     metrics["measure.disturbed"] = float(bool(result.disturbed_steps))
     for label, latency in result.latencies.items():
         metrics.update(latency.metrics(prefix=f"latency.{label}"))
-        if reference is not None and label in reference.latencies:
-            metrics[f"latency.{label}.speedup_vs_baseline"] = reference.latencies[label].p50_ms / latency.p50_ms
+        if baseline is not None and label in baseline.latencies:
+            metrics[f"latency.{label}.speedup_vs_baseline"] = speedup_vs_baseline(
+                latency.p50_ms, baseline.latencies[label].p50_ms)
     if result.diff is not None:
         metrics.update(result.diff.metrics())
     if result.graph is not None:
         metrics.update(result.graph.metrics())
-        if reference is not None and reference.graph is not None:
-            metrics["graph.node_delta"] = float(result.graph.node_count - reference.graph.node_count)
+        if baseline is not None and baseline.graph is not None:
+            metrics["graph.node_delta"] = float(result.graph.node_count - baseline.graph.node_count)
     if "graph_diff" in tables:
         metrics.update(graph_delta_metrics(tables["graph_diff"]))
     if "ops_by_op" in tables:
@@ -142,30 +137,3 @@ def graph_delta_metrics(graph_diff) -> dict[str, float]:
     reshape = graph_diff.loc[graph_diff[OP_TYPE] == "Reshape", DELTA]
     metrics["graph.reshape_removed"] = float(max(0, -int(reshape.iloc[0]))) if len(reshape) else 0.0
     return metrics
-
-
-def summary_row(result: AttemptResult, reference: AttemptResult | None) -> dict[str, object]:
-    """One row of the study's attempts table."""
-    speedup = None
-    if result.latency is not None and reference is not None and reference.latency is not None:
-        speedup = reference.latency.p50_ms / result.latency.p50_ms
-    return {
-        "attempt": result.attempt.name,
-        "runtime": result.attempt.runtime,
-        "status": (STATUS_FAILED if not result.ok
-                   else STATUS_OK if result.diff is None or result.diff.passed else STATUS_DIFF_FAILED),
-        "verdict": result.verdict,
-        "speedup": result.speedup.speedup if result.speedup else None,
-        "speedup_ci_low": result.speedup.ci_low if result.speedup else None,
-        "speedup_ci_high": result.speedup.ci_high if result.speedup else None,
-        "speedup_mde": result.speedup.mde if result.speedup else None,
-        "disturbed": ",".join(result.disturbed_steps) or None,
-        "p50_ms": result.latency.p50_ms if result.latency else None,
-        "speedup_vs_baseline": speedup,
-        "diff_max_abs": result.diff.max_abs if result.diff else None,
-        "diff_passed": result.diff.passed if result.diff else None,
-        "node_count": result.graph.node_count if result.graph else None,
-        "size_bytes": result.graph.size_bytes if result.graph else None,
-        "run_id": result.run_id,
-        "error": result.error,
-    }

@@ -159,6 +159,22 @@ def test_a_run_without_attempts_names_its_nested_studies(tracking, capsys, tmp_p
     assert "no attempt runs" in err and "['linreg']" in err
 
 
+def test_the_study_runs_attempts_table_holds_the_rows_compare_reads_back(tracking, capsys, tmp_path):
+    client = MlflowClient(tracking.uri)
+    path = client.download_artifacts(tracking.study_run_id, "report/attempts.json", str(tmp_path))
+    logged = json.loads(open(path).read())
+    logged = [dict(zip(logged["columns"], row)) for row in logged["data"]]
+    code, out, _ = compare(capsys, "--study-run", tracking.study_run_id, "--json")
+    assert code == 0
+    read_back = json.loads(out)["attempts"]
+    assert [r["attempt"] for r in logged] == ATTEMPTS
+    for mine, theirs in zip(logged, read_back):
+        assert mine.keys() == theirs.keys()
+        for key, value in mine.items():
+            assert theirs[key] == (pytest.approx(value) if isinstance(value, float) else value), (mine["attempt"], key)
+    assert not client.list_artifacts(tracking.study_run_id, "study"), "one attempts table: the report's"
+
+
 def test_help_says_what_passing_means(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--help"])

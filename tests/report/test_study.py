@@ -26,11 +26,14 @@ from tracker.report.rows import (
     TABLES,
     AttemptRow,
     attempt_labels,
+    attempt_status,
     attempts_table,
     graph_changes_by_attempt,
     ops_by_attempt,
     pick_best,
     rows_from_results,
+    runtime_baselines,
+    speedup_vs_baseline,
 )
 from tracker.report.study import build_study_report, write_report
 
@@ -79,6 +82,31 @@ def test_rows_from_results_hold_one_row_per_attempt_in_study_order(study, rows):
         assert row.run_id == result.run_id
         assert row.p50_ms == result.latency.p50_ms
         assert row.node_count == result.graph.node_count
+
+
+@pytest.mark.parametrize(
+    ("failed", "diff_passed", "status"),
+    [(False, True, "ok"), (False, None, "ok"), (False, False, "diff_failed"), (True, True, "failed"),
+     (True, None, "failed")],
+    ids=["passed", "no-check", "outside-tolerance", "crashed-after-its-check", "crashed"],
+)
+def test_an_attempts_status_is_failed_when_it_crashed_else_its_accuracy_check(failed, diff_passed, status):
+    assert attempt_status(failed=failed, diff_passed=diff_passed) == status
+
+
+def test_each_runtimes_baseline_is_its_first_attempt_that_succeeded(study):
+    baselines = {runtime: r.attempt.name for runtime, r in runtime_baselines(study.results).items()}
+    assert baselines == {"onnxruntime": "baseline", "reference": "reference_runtime"}
+
+
+def test_a_rows_speedup_vs_baseline_is_the_ratio_of_its_runtimes_baseline_p50_to_its_own(study, rows):
+    by_name = {r.attempt: r for r in rows}
+    baselines = runtime_baselines(study.results)
+    for result in study.results:
+        expected = baselines[result.attempt.runtime].latency.p50_ms / result.latency.p50_ms
+        assert by_name[result.attempt.name].speedup_vs_baseline == expected
+    assert by_name["baseline"].speedup_vs_baseline == by_name["reference_runtime"].speedup_vs_baseline == 1.0
+    assert speedup_vs_baseline(None, 1.0) is None and speedup_vs_baseline(2.0, 1.0) == 0.5
 
 
 def test_the_attempts_table_has_the_report_columns_and_marks_the_best(study, rows):

@@ -29,7 +29,7 @@ ATTEMPT_ARTIFACTS = {
     "profile/ort_profile.json", "charts/profile.html", "graph.json",
     *(f"tables/ops_by_{view}.{ext}" for view in ("op", "node", "provider") for ext in ("csv", "json")),
 }
-STUDY_ARTIFACTS = {"study/attempts.csv", "study/attempts.json"}
+STUDY_ARTIFACTS = {"report/attempts.json", "report/study_report.html"}
 _SCHEME = "mlflow-artifacts:/"
 
 

@@ -13,23 +13,22 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from tracker.measure import reference_runtime as ref
 from tracker.measure.cpu_load import watch_cpu_load
 from tracker.measure.feeds import check_feeds
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.measure.latency import Latency, TimingConfig, time_runs
 from tracker.measure.lm_diff import LogitsDiff, LogitsTolerance
 from tracker.measure.model_io import load_model, ort_can_load
-from tracker.measure.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import FP32, OutputDiff, Tolerance
-from tracker.measure.speedup import Speedup, SpeedupConfig, measure_speedup
+from tracker.measure.runtime import get_runtime
+from tracker.measure.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
 from tracker.measure.steps import StepTimes
 from tracker.profile import aggregate
 from tracker.profile.parse import Profile, parse_profile
 
 logger = logging.getLogger(__name__)
 
-RUNTIMES = ("onnxruntime", "reference")
 TRACE_LEVELS = (1, 2, 3, 4)
 
 
@@ -96,7 +95,8 @@ class Attempt:
     Attributes:
         name: short, stable name (the run name and `tracker.attempt` tag), e.g. "ort_opt_basic".
         model: the model, in memory or as a path (large models stay on disk).
-        runtime: "onnxruntime" or "reference" (onnx.reference.ReferenceEvaluator).
+        runtime: the name of its runtime in `tracker.measure.runtime.RUNTIMES`: "onnxruntime" or
+            "reference" (onnx.reference.ReferenceEvaluator).
         session: ONNX Runtime settings (runtime "onnxruntime").
         new_ops: custom `OpRun` classes (runtime "reference").
         tolerance: tolerances of the prediction-diff check against the baseline.
@@ -117,10 +117,7 @@ class Attempt:
 
     def __post_init__(self) -> None:
         check_name("attempt", self.name)
-        if self.runtime not in RUNTIMES:
-            raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
-        if self.new_ops and self.runtime != "reference":
-            raise ValueError("new_ops only apply to runtime='reference'")
+        get_runtime(self.runtime).check(self)
         if not isinstance(self.model, onnx.ModelProto):
             object.__setattr__(self, "model", Path(self.model))
 
@@ -199,7 +196,7 @@ def measure_attempt(
     baseline_outputs: Sequence[np.ndarray] | None = None,
     evaluate: Callable[[list[np.ndarray]], Mapping[str, float]] | None = None,
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-    reference: Attempt | None = None,
+    baseline: Attempt | None = None,
 ) -> AttemptResult:
     """Measures an attempt: graph statistics, latency, speed-up, profile, outputs and the diff check.
 
@@ -211,14 +208,14 @@ def measure_attempt(
         baseline_outputs: outputs to compare against; None for the baseline itself.
         evaluate: optional task metrics from the outputs (e.g. `{"quality.mse": ...}`).
         latency_feeds: more inputs to time (not profiled), by label, e.g. `{"s128": {...}}`.
-        reference: the baseline of the same runtime; when given, the two are timed interleaved on
-            `feeds` for the speed-up and its confidence interval.
+        baseline: the baseline attempt of the same runtime; when given, the two are timed interleaved
+            on `feeds` for the speed-up and its confidence interval.
 
     Raises:
         FeedError, ModelError: bad input, before anything is timed.
     """
-    # ORT reads a path itself: only the reference runtime needs the weights in this process.
-    model = attempt.load(external_data=attempt.runtime == "reference")
+    runtime = get_runtime(attempt.runtime)
+    model = attempt.load(external_data=runtime.needs_weights)
     latency_feeds = dict(latency_feeds or {})
     for extra in (feeds, *latency_feeds.values()):
         check_feeds(model, extra)
@@ -228,7 +225,7 @@ def measure_attempt(
     steps = result.steps
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
     with steps.step("session"):
-        run = _runner(attempt, model)
+        run = runtime.runner(attempt, model)
     with steps.step("latency"):
         result.outputs = run(feeds)
         result.latency = _undisturbed(result, "latency", lambda: time_runs(lambda: run(feeds), config.timing))
@@ -237,32 +234,26 @@ def measure_attempt(
             run(extra)
             result.latencies[label] = time_runs(lambda: run(extra), config.timing)
     run = None  # free this session before the next ones: a GPT-2 session holds ~1 GB
-    if reference is not None:
-        logger.info("attempt %s: timing against %s in %d rounds", attempt.name, reference.name, config.speedup.rounds)
+    if baseline is not None:
+        logger.info("attempt %s: timing against %s in %d rounds", attempt.name, baseline.name, config.speedup.rounds)
         with steps.step("speedup"):
-            result.speedup = time_against(attempt, reference, feeds, config.speedup, model=model)
+            result.speedup = time_against(attempt, baseline, feeds, config.speedup, model=model)
         result.cpu_load["speedup"] = result.speedup.other_load
         if result.speedup.disturbed_rounds:
             result.disturbed_steps.append("speedup")
     logger.info("attempt %s: profiling %d runs", attempt.name, config.profile_runs)
-    if attempt.runtime == "onnxruntime":
-        with steps.step("profiling"):
-            profiled = _undisturbed(result, "profiling", lambda: profile_ort(
-                attempt.model, feeds, config=attempt.session, runs=config.profile_runs, workdir=workdir
-            ))
-        result.profile_path = profiled.profile_path
-        result.optimized_model_path = profiled.optimized_model_path
-        result.profiled_latency = profiled.latency
+    with steps.step("profiling"):
+        profiled = _undisturbed(result, "profiling", lambda: runtime.profile(
+            attempt, model, feeds, runs=config.profile_runs, workdir=workdir
+        ))
+    result.profile_path = profiled.profile_path
+    result.optimized_model_path = profiled.optimized_model_path
+    result.profiled_latency = profiled.latency
+    result.profile = profiled.profile
+    if result.profile is None:  # the runtime wrote its profile to a file
         with steps.step("parsing"):
             result.profile = parse_profile(profiled.profile_path)
-    else:
-        with steps.step("profiling"):
-            result.profile = _undisturbed(result, "profiling", lambda: ref.profile_reference(
-                model, feeds, new_ops=attempt.new_ops, runs=config.profile_runs
-            ))
-        result.profiled_latency = Latency.from_values(result.profile.runs["dur_us"].to_numpy() * 1e-6)
-        for level in config.trace_levels:
-            result.traces[level] = ref.trace_reference(model, feeds, new_ops=attempt.new_ops, verbose=level)
+    result.traces = runtime.trace(attempt, model, feeds, config.trace_levels)
     if baseline_outputs is not None:
         result.diff = attempt.tolerance.compare(baseline_outputs, result.outputs)
     if evaluate is not None:
@@ -270,49 +261,37 @@ def measure_attempt(
     return result
 
 
-def _runner(
-    attempt: Attempt, model: onnx.ModelProto | None, *, stop_spinning_after_run: bool = False
-) -> Callable[[Mapping[str, np.ndarray]], list[np.ndarray]]:
-    """One inference of `attempt` in its runtime, session or evaluator created once (`model` is only
-    needed by the reference runtime)."""
-    if attempt.runtime == "onnxruntime":
-        # a path keeps large models out of this process's memory: ORT reads the file itself
-        session = make_session(attempt.model, attempt.session, stop_spinning_after_run=stop_spinning_after_run)
-        return lambda feeds: session.run(None, dict(feeds))
-    evaluator = ref.make_evaluator(model, new_ops=attempt.new_ops)
-    return lambda feeds: evaluator.run(None, dict(feeds))
-
-
 def time_against(
     attempt: Attempt,
-    reference: Attempt,
+    baseline: Attempt,
     feeds: Mapping[str, np.ndarray],
     config: SpeedupConfig,
     *,
     model: onnx.ModelProto | None = None,
 ) -> Speedup:
-    """The speed-up of `attempt` over `reference` on `feeds`, timed in rounds of fresh sessions
+    """The speed-up of `attempt` over `baseline` on `feeds`, timed in rounds of fresh sessions
     (`tracker.measure.speedup.measure_speedup`) whose threads stop spinning when a run returns.
 
     Args:
-        model: `attempt`'s model as already loaded, to spare loading it again (reference runtime).
+        model: `attempt`'s model as already loaded with its weights, to spare loading it again (for a
+            runtime that `needs_weights`).
     """
-    if model is None and attempt.runtime == "reference":
-        model = attempt.load()
-    reference_model = reference.load() if reference.runtime == "reference" else None
-    return measure_speedup(
-        lambda: _comparison_runner(reference, reference_model, feeds),
-        lambda: _comparison_runner(attempt, model, feeds),
-        config,
-    )
+    return measure_speedup(_sessions(baseline, None, feeds), _sessions(attempt, model, feeds), config)
 
 
-def _comparison_runner(attempt: Attempt, model: onnx.ModelProto | None, feeds: Mapping[str, np.ndarray]):
-    """A fresh session of `attempt` for the interleaved timing, whose threads stop spinning when a run
-    returns (so they leave the cores to the other session's run), bound to `feeds`."""
-    run = _runner(attempt, model, stop_spinning_after_run=True)
+def _sessions(attempt: Attempt, model: onnx.ModelProto | None, feeds: Mapping[str, np.ndarray]) -> MakeRunner:
+    """Makes fresh sessions of `attempt` for the interleaved timing, whose threads stop spinning when a
+    run returns (so they leave the cores to the other session's run), each bound to `feeds`."""
+    runtime = get_runtime(attempt.runtime)
+    if model is None and runtime.needs_weights:
+        model = attempt.load()  # once, not per session
     feeds = dict(feeds)
-    return lambda: run(feeds)
+
+    def make() -> Runner:
+        run = runtime.runner(attempt, model, stop_spinning_after_run=True)
+        return lambda: run(feeds)
+
+    return make
 
 
 T = TypeVar("T")

@@ -11,9 +11,7 @@ from typing import TYPE_CHECKING
 
 from tracker.keys import (
     NO_BEST,
-    STATUS_DIFF_FAILED,
     STATUS_FAILED,
-    STATUS_OK,
     TAG_ATTEMPT,
     TAG_BEST,
     TAG_DISTURBED,
@@ -118,27 +116,28 @@ def check_report_path(path: str | Path) -> Path:
 
 
 def row_from_run(run: FetchedRun) -> AttemptRow:
-    """The report row of an attempt run."""
-    from tracker.report.rows import AttemptRow
+    """The row of an attempt run, read back from what it recorded (its status by `rows.attempt_status`)."""
+    from tracker.report.rows import AttemptRow, attempt_status
 
     tags, metrics = run.tags, run.metrics
     crashed = run.status != "FINISHED" or tags.get(TAG_STATUS) == STATUS_FAILED
     error = tags.get(TAG_ERROR) or (f"run {run.status}" if crashed else None)
     passed = metrics.get("diff.passed")
-    status = STATUS_FAILED if crashed else tags.get(TAG_STATUS) or (STATUS_DIFF_FAILED if passed == 0 else STATUS_OK)
-    verdict = None if crashed else tags.get(TAG_VERDICT) or ("rejected" if passed == 0 else None)
+    diff_passed = None if passed is None else bool(passed)
+    verdict = None if crashed else tags.get(TAG_VERDICT) or ("rejected" if diff_passed is False else None)
     return AttemptRow(
         attempt=tags.get(TAG_ATTEMPT, run.name),
         runtime=tags.get(TAG_RUNTIME),
-        status=status,
+        status=attempt_status(failed=crashed, diff_passed=diff_passed),
         verdict=verdict,
         p50_ms=metrics.get("latency.p50_ms"),
         speedup=metrics.get("latency.speedup"),
         speedup_ci_low=metrics.get("latency.speedup_ci_low"),
         speedup_ci_high=metrics.get("latency.speedup_ci_high"),
         speedup_mde=metrics.get("latency.speedup_mde"),
+        speedup_vs_baseline=metrics.get("latency.speedup_vs_baseline"),
         disturbed=tags.get(TAG_DISTURBED) or None,
-        diff_passed=None if passed is None else bool(passed),
+        diff_passed=diff_passed,
         diff_max_abs=metrics.get("diff.max_abs"),
         top1_agreement=metrics.get("diff.top1_agreement"),
         size_bytes=_int(metrics.get("model.size_bytes")),

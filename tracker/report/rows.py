@@ -1,4 +1,5 @@
-"""A study's attempts as report rows, the best-attempt rule, and the report's tables (op type x attempt)."""
+"""A study's attempts as rows (`AttemptRow`), the rules behind them (status, baseline, speed-ups, best attempt),
+and the report's tables (op type x attempt)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from tracker.measure.graph_stats import DELTA, diff_graphs
+from tracker.measure.speedup import BASELINE_SPEEDUP, Speedup
 from tracker.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
 from tracker.profile import columns as C
 from tracker.profile.columns import OP_TYPE  # also the first column of the wide tables (op type x attempt)
@@ -27,6 +29,7 @@ SPEEDUP = "speedup"
 SPEEDUP_CI_LOW = "speedup_ci_low"
 SPEEDUP_CI_HIGH = "speedup_ci_high"
 SPEEDUP_MDE = "speedup_mde"  # smallest change the speed-up measurement could detect (0.03 = 3 %)
+SPEEDUP_VS_BASELINE = "speedup_vs_baseline"  # plain ratio of the two p50s (`speedup_vs_baseline`)
 DISTURBED = "disturbed"  # measuring steps other processes disturbed ("latency,profiling"), else None
 DIFF_PASSED = "diff_passed"
 DIFF_MAX_ABS = "diff_max_abs"
@@ -36,14 +39,16 @@ NODE_COUNT = "node_count"
 ERROR = "error"
 RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
-                   SPEEDUP_MDE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, SIZE_BYTES, NODE_COUNT, ERROR, RUN_ID)
+                   SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, SIZE_BYTES,
+                   NODE_COUNT, ERROR, RUN_ID)
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
 
 
 @dataclass(frozen=True)
 class AttemptRow:
-    """What the report shows of one attempt, whether it comes from memory or from MLflow.
+    """One attempt of a study, whether it comes from memory (`rows_from_results`) or from MLflow
+    (`compare.row_from_run`): the one row behind the study's attempts table, its report and `tracker compare`.
 
     `ops_by_op` is the attempt's per-op-type summary (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs
     dropped) and `graph_diff` its node counts against its baseline (`graph_stats.diff_graphs`); either is
@@ -59,6 +64,7 @@ class AttemptRow:
     speedup_ci_low: float | None = None
     speedup_ci_high: float | None = None
     speedup_mde: float | None = None
+    speedup_vs_baseline: float | None = None
     disturbed: str | None = None
     diff_passed: bool | None = None
     diff_max_abs: float | None = None
@@ -75,49 +81,93 @@ class AttemptRow:
         return self.status == STATUS_FAILED or self.error is not None
 
 
+def attempt_status(*, failed: bool, diff_passed: bool | None) -> str:
+    """An attempt's status (the `tracker.status` tag, a row's `status`): STATUS_FAILED when it crashed,
+    STATUS_DIFF_FAILED when its outputs are outside the tolerance, else STATUS_OK (no check counts as passed)."""
+    if failed:
+        return STATUS_FAILED
+    return STATUS_DIFF_FAILED if diff_passed is False else STATUS_OK
+
+
+def runtime_baselines(results: Iterable[AttemptResult]) -> dict[str, AttemptResult]:
+    """The baseline of each runtime: its first attempt that succeeded, in study order (runtime -> result)."""
+    baselines: dict[str, AttemptResult] = {}
+    for r in results:
+        if r.ok:
+            baselines.setdefault(r.attempt.runtime, r)
+    return baselines
+
+
+def speedup_vs_baseline(p50_ms: float | None, baseline_p50_ms: float | None) -> float | None:
+    """The plain ratio of two separately measured p50 latencies (baseline / attempt); None without both."""
+    if p50_ms is None or baseline_p50_ms is None:
+        return None
+    return baseline_p50_ms / p50_ms
+
+
+def carried_speedup(result: AttemptResult) -> Speedup | None:
+    """The speed-up an attempt carries: the one measured against its baseline, `BASELINE_SPEEDUP` for a
+    baseline itself, else None."""
+    if result.speedup is not None:
+        return result.speedup
+    return BASELINE_SPEEDUP if result.verdict == "baseline" else None
+
+
 def rows_from_results(
-    results: Sequence[AttemptResult], *, failures: Mapping[str, str] | None = None, skip_runs: int = 0
+    results: Sequence[AttemptResult],
+    *,
+    failures: Mapping[str, str] | None = None,
+    skip_runs: int = 0,
+    tables: bool = True,
 ) -> list[AttemptRow]:
     """Rows of a study's attempts as measured in this process (`Study.results`, `Study.failures`).
 
     Args:
-        results: the attempts, in order; the first of each runtime whose verdict is "baseline" is
-            the reference of that runtime's graph changes.
+        results: the attempts, in order; each runtime's baseline is `runtime_baselines`'.
         failures: attempts that failed before they had a model, name -> error text.
         skip_runs: warm-up runs left out of the per-op times (the study's `MeasureConfig.skip_runs`).
+        tables: fill `ops_by_op` and `graph_diff` (the report's per-op tables); the other fields do not
+            depend on it.
     """
-    baselines: dict[str, AttemptResult] = {}
-    for r in results:
-        if r.ok and r.verdict == "baseline":
-            baselines.setdefault(r.attempt.runtime, r)
+    baselines = runtime_baselines(results)
     rows = []
     for r in results:
         base = baselines.get(r.attempt.runtime)
-        graph_diff = diff_graphs(base.graph, r.graph) if base is not None and base.graph and r.graph else None
-        diff, speedup = r.diff, r.speedup
+        diff, speedup = r.diff, carried_speedup(r)
+        passed = bool(diff.passed) if diff is not None else None
         rows.append(AttemptRow(
             attempt=r.attempt.name,
             runtime=r.attempt.runtime,
-            status=STATUS_FAILED if not r.ok else (STATUS_OK if diff is None or diff.passed else STATUS_DIFF_FAILED),
+            status=attempt_status(failed=not r.ok, diff_passed=passed),
             verdict=r.verdict if r.ok else None,
             p50_ms=r.latency.p50_ms if r.latency else None,
-            speedup=speedup.speedup if speedup else (1.0 if r.verdict == "baseline" else None),
-            speedup_ci_low=speedup.ci_low if speedup else (1.0 if r.verdict == "baseline" else None),
-            speedup_ci_high=speedup.ci_high if speedup else (1.0 if r.verdict == "baseline" else None),
+            speedup=speedup.speedup if speedup else None,
+            speedup_ci_low=speedup.ci_low if speedup else None,
+            speedup_ci_high=speedup.ci_high if speedup else None,
             speedup_mde=speedup.mde if speedup else None,
+            speedup_vs_baseline=speedup_vs_baseline(
+                r.latency.p50_ms if r.latency else None,
+                base.latency.p50_ms if base is not None and base.latency else None),
             disturbed=",".join(r.disturbed_steps) or None,
-            diff_passed=bool(diff.passed) if diff is not None else None,
+            diff_passed=passed,
             diff_max_abs=float(diff.max_abs) if diff is not None else None,
             top1_agreement=getattr(diff, "top1_agreement", None),
             size_bytes=r.graph.size_bytes if r.graph else None,
             node_count=r.graph.node_count if r.graph else None,
             error=r.error,
             run_id=r.run_id,
-            ops_by_op=r.summary(by="op", skip_runs=skip_runs) if r.ok and r.profile is not None else None,
-            graph_diff=graph_diff,
+            ops_by_op=r.summary(by="op", skip_runs=skip_runs) if tables and r.ok and r.profile is not None else None,
+            graph_diff=(diff_graphs(base.graph, r.graph)
+                        if tables and base is not None and base.graph and r.graph else None),
         ))
-    rows += [AttemptRow(attempt=name, status=STATUS_FAILED, error=error) for name, error in (failures or {}).items()]
+    rows += [AttemptRow(attempt=name, status=attempt_status(failed=True, diff_passed=None), error=error)
+             for name, error in (failures or {}).items()]
     return rows
+
+
+def study_counts(rows: Sequence[AttemptRow]) -> dict[str, float]:
+    """The study run's `study.attempts` and `study.failed` metrics, from its rows."""
+    return {"study.attempts": len(rows), "study.failed": sum(r.failed for r in rows)}
 
 
 def pick_best(rows: Iterable[AttemptRow]) -> str | None:
@@ -129,7 +179,8 @@ def best_attempt(candidates: Iterable[tuple[str, str | None, float | None]]) -> 
     """The attempt to ship, from (name, verdict, speed-up) in study order: the largest speed-up among
     the "better" ones (faster beyond the noise, accuracy check passed), else the first baseline, else None.
 
-    The one rule behind `Study.best`, the report's highlighted row, `tracker compare` and `tracker upload`.
+    The one rule behind `Study.best`, the study's `tracker.best_attempt` tag, the report's highlighted row,
+    `tracker compare` and `tracker upload`.
     """
     candidates = list(candidates)
     better = [(name, speedup) for name, verdict, speedup in candidates if verdict == "better" and speedup is not None]

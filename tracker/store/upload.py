@@ -96,7 +96,7 @@ def upload_outbox(root: Path) -> Upload:
 def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     """Ends a study run, after logging its summary and report if it has none; whether it logged them."""
     from tracker.report import compare
-    from tracker.report.rows import attempts_table
+    from tracker.report.rows import study_counts
     from tracker.report.study import build_study_report
     from tracker.store import read, write
 
@@ -113,8 +113,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     comparison = compare.load_comparison(study_run_id=run_id)
     rows, best = comparison.rows, comparison.best
     # The step times only the study's process knew, with the counts of what is on the server now.
-    metrics = {**saved_metrics, "study.attempts": len(rows), "study.failed": sum(r.failed for r in rows)}
-    summary = {"rows": attempts_table(rows, best=best).to_dict("records"), "metrics": metrics, "best": best}
+    summary = {"metrics": {**saved_metrics, **study_counts(rows)}, "best": best}
     study = parent.tags.get(TAG_STUDY, parent.name)
     with tempfile.TemporaryDirectory(prefix="tracker-upload-") as tmp:
         built = build_study_report(rows, tmp, study=study, best=best)

@@ -319,13 +319,12 @@ def current_ids() -> tuple[str | None, str | None]:
 
 
 @defers_sigterm
-def log_study_summary(rows: list[dict[str, object]], *, metrics: Mapping[str, float], best: str | None) -> None:
-    """Logs the table of a study's attempts, and the best attempt that passed its check, on the study run."""
+def log_study_summary(*, metrics: Mapping[str, float], best: str | None) -> None:
+    """Logs on the study run its metrics and the best attempt that passed its check (`tracker.best_attempt`).
+
+    The table of its attempts is the report's `report/attempts.json` (`log_study_report`).
+    """
     mlflow.set_tag(TAG_BEST, best or NO_BEST)
-    table = pd.DataFrame(rows)
-    if not table.empty:
-        mlflow.log_table(_json_safe(table), artifact_file="study/attempts.json")
-        mlflow.log_text(table.to_csv(index=False), "study/attempts.csv")
     mlflow.log_metrics(_clean_metrics(metrics))
 
 
