@@ -25,7 +25,9 @@ from tracker.measure.speedup import SpeedupConfig
 def busy_cores() -> Iterator[int]:
     """Keeps every core busy from other processes until the test ends."""
     cores = os.cpu_count() or 1
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    # Each spins until its parent (pytest) is gone, so a killed test run leaves no busy process behind.
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(cores)]
     time.sleep(0.3)  # let them start
     try:
         yield cores
