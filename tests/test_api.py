@@ -121,6 +121,25 @@ def test_an_attempt_that_fails_before_measuring_is_a_failed_run_and_the_best_att
     assert runs["s"].data.metrics["study.failed"] == 1
 
 
+def test_an_attempt_that_fails_before_measuring_is_kept_in_the_outbox_when_the_store_refuses_it(
+    store, model, feeds, tmp_path, monkeypatch
+):
+    import sqlite3
+
+    from tracker.record import find_records, load_record
+
+    monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        with sqlite3.connect(tmp_path / "mlflow.db") as connection:  # from now on no run can be created
+            connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'full'); END")
+        study.record_failure("optimizer_crash", IndexError("list index out of range in the optimizer"))
+    (kept,) = find_records(tmp_path / "outbox")
+    record = load_record(kept)
+    assert (record.attempt, record.status) == ("optimizer_crash", "FAILED")
+    assert record.error == "IndexError: list index out of range in the optimizer"
+    assert "IndexError" in record.traceback and record.parent_run_id == study.run.info.run_id
+
+
 def test_a_large_raw_profile_is_logged_gzip_compressed_and_still_parses(store, model, feeds, tmp_path, monkeypatch):
     from tracker import run_content
     from tracker.profile.parse import parse_profile

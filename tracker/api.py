@@ -122,12 +122,13 @@ class Study:
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
         logger.error("attempt %s failed: %s: %s", name, type(error).__name__, error)
-        try:
-            with write.attempt_run(self.name, name, runtime):
-                raise error
-        except type(error):
-            pass
-        self.failures[name] = f"{type(error).__name__}: {error}"
+        parent_run_id, experiment_id = write.current_ids()
+        text = f"{type(error).__name__}: {error}"
+        record = AttemptRecord(name, self.name, runtime, status="FAILED", error=text,
+                               traceback="".join(traceback.format_exception(error)), tags=dict(self.tags),
+                               parent_run_id=parent_run_id, experiment_id=experiment_id)
+        _log_or_keep(record)  # the same way as a measured attempt: to the store, else to the outbox
+        self.failures[name] = text
 
     @property
     def best(self) -> AttemptResult | None:
@@ -278,7 +279,7 @@ def run_attempt(
         record.status, record.error = "FAILED", result.error
         record.traceback = "".join(traceback.format_exception(e))
     record.tags.update(tags or {})
-    _log_or_keep(record, result)
+    result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
     _release_memory()
     return result
 
@@ -296,18 +297,21 @@ def _release_memory() -> None:
         pass
 
 
-def _log_or_keep(record: AttemptRecord, result: AttemptResult) -> None:
+def _log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> tuple[str | None, Path | None]:
+    """Logs a record as a run, else keeps it in the outbox; (run id, None) or (None, outbox folder)."""
     # When the run starts, or would have: a run uploaded later starts then too, in its study's order.
     record.start_time_ms = int(time.time() * 1000)
     try:
         connect.ensure_reachable()
         with write.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
-            record.run_id = result.run_id = run.info.run_id
-            write.log_record(record, steps=result.steps)
+            record.run_id = run.info.run_id
+            write.log_record(record, steps=steps)
+        return record.run_id, None
     except Exception as e:
-        result.outbox = save_record(record)
+        outbox = save_record(record)
         logger.error(
             "could not log attempt %s (%s: %s); its results are kept in %s; upload them with "
             "`tracker upload %s` once the tracking server is back",
-            record.attempt, type(e).__name__, e, result.outbox, result.outbox,
+            record.attempt, type(e).__name__, e, outbox, outbox,
         )
+        return None, outbox
