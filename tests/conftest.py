@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import mlflow
@@ -33,6 +34,14 @@ def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
     utils = mlflow.tracking._tracking_service.utils
     mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
+
+
+def child_env(tracking_uri: str, **extra: str) -> dict[str, str]:
+    """The environment of a child process that logs to `tracking_uri` on its own, in no run of this process."""
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, **extra}
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
+        env.pop(name, None)
+    return env
 
 
 def new_sqlite_store(tmp_path_factory: pytest.TempPathFactory, experiment: str) -> tuple[Path, str, str]:

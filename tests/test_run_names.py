@@ -16,6 +16,8 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
+from tests.conftest import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = Path(__file__).parent / "fixtures" / "linreg_run_names.json"
 # Present only on some runs, by design: a disturbed measurement, where the code was run from.
@@ -24,9 +26,7 @@ _VARIABLE = re.compile(r"^(measure\.other_load\.|tracker\.disturbed$|mlflow\.sou
 
 def test_the_linreg_study_writes_the_pinned_metric_param_tag_and_artifact_names(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "TRACKER_OUTBOX": str(tmp_path / "outbox")}
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
-        env.pop(name, None)
+    env = child_env(uri, TRACKER_OUTBOX=str(tmp_path / "outbox"))
     subprocess.run([sys.executable, "-m", "experiments.linreg", "--experiment", "pin", "--profile-runs", "3",
                     "--min-runs", "3", "--min-seconds", "0", "--speedup-rounds", "4", "--speedup-seconds", "0"],
                    cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)

@@ -3,7 +3,6 @@ and a study ended by SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
@@ -15,6 +14,7 @@ import mlflow
 import onnx
 import pytest
 
+from tests.conftest import child_env
 from tracker.cli import main
 from tracker.errors import TrackingServerError
 from tracker.fusions.add_eyelike import make_linear_model
@@ -65,10 +65,7 @@ def test_sigterm_ends_a_study_like_ctrl_c_runs_failed_work_folder_removed_exit_1
     db = tmp_path / "mlflow.db"
     work_tmp = tmp_path / "tmp"
     work_tmp.mkdir()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{db}", "TMPDIR": str(work_tmp),
-           "TRACKER_OUTBOX": str(tmp_path / "outbox")}
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
-        env.pop(name, None)
+    env = child_env(f"sqlite:///{db}", TMPDIR=str(work_tmp), TRACKER_OUTBOX=str(tmp_path / "outbox"))
     proc = subprocess.Popen([sys.executable, "-m", "experiments.linreg", "--speedup-seconds", "30",
                              "--experiment", "term"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

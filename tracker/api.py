@@ -121,14 +121,11 @@ class Study:
         """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
-        logger.error("attempt %s failed: %s: %s", name, type(error).__name__, error)
         parent_run_id, experiment_id = write.current_ids()
-        text = f"{type(error).__name__}: {error}"
-        record = AttemptRecord(name, self.name, runtime, status="FAILED", error=text,
-                               traceback="".join(traceback.format_exception(error)), tags=dict(self.tags),
-                               parent_run_id=parent_run_id, experiment_id=experiment_id)
+        record = AttemptRecord(name, self.name, runtime, tags=dict(self.tags), parent_run_id=parent_run_id,
+                               experiment_id=experiment_id)
+        self.failures[name] = _mark_failed(record, error)
         _log_or_keep(record)  # the same way as a measured attempt: to the store, else to the outbox
-        self.failures[name] = text
 
     @property
     def best(self) -> AttemptResult | None:
@@ -274,10 +271,7 @@ def run_attempt(
             )
         run_content.fill_record(record, result, artifacts, config, baseline, workdir, log_model=log_model)
     except Exception as e:
-        logger.error("attempt %s failed: %s: %s", attempt.name, type(e).__name__, e)
-        result.error = f"{type(e).__name__}: {e}"
-        record.status, record.error = "FAILED", result.error
-        record.traceback = "".join(traceback.format_exception(e))
+        result.error = _mark_failed(record, e)
     record.tags.update(tags or {})
     result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
     _release_memory()
@@ -295,6 +289,14 @@ def _release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def _mark_failed(record: AttemptRecord, error: BaseException) -> str:
+    """Makes `record` a FAILED attempt carrying `error` and its traceback; returns the error's one-line text."""
+    record.status, record.error = "FAILED", f"{type(error).__name__}: {error}"
+    record.traceback = "".join(traceback.format_exception(error))
+    logger.error("attempt %s failed: %s", record.attempt, record.error)
+    return record.error
 
 
 def _log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> tuple[str | None, Path | None]:

@@ -14,6 +14,7 @@ import onnx
 import pytest
 from log_study import FAST
 
+from tests.conftest import child_env
 from tracker import Study
 from tracker.errors import TrackingServerError
 from tracker.fusions.add_eyelike import make_linear_model
@@ -39,10 +40,8 @@ def _with_password(uri: str) -> str:
 
 
 def _run(args: list[str], cwd: Path, uri: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "TRACKER_OUTBOX": str(cwd / "outbox"),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    env.pop("MLFLOW_RUN_ID", None)
-    env.pop("MLFLOW_EXPERIMENT_ID", None)
+    env = child_env(uri, TRACKER_OUTBOX=str(cwd / "outbox"),
+                    PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import mlflow
 
 from tracker.errors import TrackerError, TrackingServerError
-from tracker.redaction import protect_uri, redact_uri
+from tracker.redaction import protect_uri, redact_uri, without_credentials
 from tracker.redaction import redact as redact_text
 from tracker.settings import resolve_tracking_uri, server_timeout_s
 from tracker.termination import defers_sigterm
@@ -66,12 +66,12 @@ def ensure_reachable(*, timeout_s: float = 5.0) -> None:
 def _check_server(uri: str, timeout_s: float) -> None:
     """One search of the store's experiments, authenticated as MLflow's client would be, no retries."""
     import base64
-    from urllib.parse import unquote, urlsplit, urlunsplit
+    from urllib.parse import unquote, urlsplit
 
     # urllib does not take credentials from the URL (it would resolve "user:pw@host" as a host name);
     # MLflow's client sends them as basic auth, so the check does too.
     parts = urlsplit(uri)
-    base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])).rstrip("/")
+    base = without_credentials(uri).rstrip("/")
     request = urllib.request.Request(base + "/api/2.0/mlflow/experiments/search?max_results=1")
     username = parts.username if parts.username is not None else os.environ.get("MLFLOW_TRACKING_USERNAME")
     password = parts.password if parts.username is not None else os.environ.get("MLFLOW_TRACKING_PASSWORD")
