@@ -64,7 +64,7 @@ def build_models(names: list[str], folder: Path) -> dict[str, tuple[Path, dict[s
             model = to_onnx(LinearRegression().fit(X_train, y_train), X_train[:1].astype(np.float32), target_opset=18)
             feeds = {model.graph.input[0].name: X_test.astype(np.float32)}
         elif name == "fusion":
-            from tracker.fusions.add_eyelike import make_linear_model
+            from tracker.optimize.add_eyelike import make_linear_model
 
             model = make_linear_model(n_features=100)
             feeds = {"X": np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)}
@@ -141,7 +141,7 @@ def cases_for(model: str, path: Path, feeds, folder: Path, *, threads: int, true
         one = replace(baseline, name="threads_1", session=SessionConfig(intra_op_num_threads=1))
         cases.append(Case(model, f"threads {threads}->1", baseline, one, "worse",
                           note="intra-op threads 2 -> 1"))
-        from tracker.optimizations import ModelInfo, apply
+        from tracker.optimize import ModelInfo, apply
 
         basic = apply("ort_opt_basic", path, folder / "ort_opt_basic", ModelInfo(num_heads=12, hidden_size=768))
         cases.append(Case(model, "ort_opt_basic", baseline, Attempt("ort_opt_basic", basic.path, session=session),

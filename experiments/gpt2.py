@@ -1,4 +1,6 @@
-"""Study `gpt2`: GPT-2 exported to ONNX, then every optimization attempt as a nested run.
+"""Study `gpt2`: GPT-2 exported to ONNX, then every model transform of the registry as a nested run.
+
+The study itself is `tracker.studies.gpt2`; this is its command line (MLproject entry point `gpt2`).
 
 Without `--model` the real gpt2-small architecture is built from its config with seeded weights
 (no model hub here); the runs are tagged `tracker.weights` so nobody mistakes them for pretrained.
@@ -9,10 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tracker import SessionConfig
-from tracker.experiment_args import add_measure_args, measure_config, session_kwargs, setup_logging
+from tracker.experiment_args import add_measure_args, measure_config, session_config, setup_logging
+from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, GPT2StudyConfig, run_gpt2_study
 from tracker.termination import handle_sigterm
-from tracker.gpt2.study import GPT2StudyConfig, run_gpt2_study
 
 
 def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +23,8 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exporter", default="dynamo", choices=("dynamo", "torchscript"))
     parser.add_argument("--seq-lens", default="8,32,128", help="sequence lengths timed, comma-separated")
     parser.add_argument("--headline-seq", type=int, default=32, help="the length profiled and checked")
-    parser.add_argument("--attempts", default="all", help="comma-separated attempt names, or 'all'")
+    parser.add_argument("--attempts", default="all",
+                        help=f"comma-separated registry entries, or 'all' ({','.join(DEFAULT_ATTEMPTS)})")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -42,7 +44,7 @@ def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
         attempts=attempts,
         seed=args.seed,
         measure=measure_config(args),
-        session=SessionConfig(**session_kwargs(args)),
+        session=session_config(args),
     )
 
 

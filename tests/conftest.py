@@ -9,7 +9,7 @@ import mlflow
 import numpy as np
 import pytest
 
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.measure.speedup import SpeedupConfig
 
 # The least interleaved timing that still gives an interval, for tests that do not check the speed-up.

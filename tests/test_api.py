@@ -162,3 +162,33 @@ def test_names_that_could_escape_a_folder_are_rejected_before_any_run(name, mode
         Study(name, feeds=feeds)
     with pytest.raises(ValueError, match="name must be"):
         tracker.Attempt(name=name, model=model)
+
+
+def test_study_optimize_runs_registry_entries_and_logs_what_each_one_did(store, model, feeds):
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        study.attempt("baseline", model)
+        session = study.optimize("ort_opt_disabled", model)
+        fused = study.optimize("add_eyelike", model, tolerance=EXACT)
+        study.optimize("ort_opt_basic", model)  # a transformer entry, on a model without attention
+    assert session.ok and session.attempt.session.graph_optimization_level == "disable"
+    assert fused.ok and fused.diff.passed
+    runs = runs_of(store, "api")
+    made = runs["add_eyelike"].data
+    assert made.metrics["fusion.AddEyeLike"] == 1 and made.metrics["optimize.seconds"] > 0
+    assert made.params["precision"] == "fp32" and made.params["applied"] == "True"
+    assert made.params["diff.tolerance"] == "exact"
+    # A session entry makes no model: nothing was optimized, its settings are its params.
+    kept = runs["ort_opt_disabled"].data
+    assert "optimize.seconds" not in kept.metrics and "precision" not in kept.params
+    assert kept.params["ort.graph_optimization_level"] == "disable"
+    refused = runs["ort_opt_basic"]
+    assert refused.info.status == "FAILED"
+    assert "ort_opt_basic does not apply to this model: no attention" in refused.data.tags["tracker.error"]
+    assert runs["s"].data.metrics["study.failed"] == 1
+
+
+def test_study_optimize_rejects_an_unknown_entry_before_any_run(store, model, feeds):
+    with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
+        with pytest.raises(ValueError, match="unknown optimization 'turbo'; registered: ort_opt_disabled"):
+            study.optimize("turbo", model)
+    assert set(runs_of(store, "api")) == {"s"}

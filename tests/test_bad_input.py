@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tracker.cli import main
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.measure.model_io import load_model
 
 COMMANDS = ["inspect", "profile"]

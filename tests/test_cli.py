@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from tracker.cli import main
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.profile import columns as C
 from tracker.profile.aggregate import summarize
 from tracker.profile.parse import parse_profile

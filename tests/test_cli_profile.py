@@ -7,7 +7,7 @@ import onnx
 from mlflow import MlflowClient
 
 from tracker.cli import main
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 
 
 def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, monkeypatch, capsys):

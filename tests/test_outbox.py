@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.record import find_records
 from tracker.server import LocalMlflowServer
 from tests.conftest import FAST_SPEEDUP

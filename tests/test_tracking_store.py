@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import child_env
 from tracker.cli import main
 from tracker.errors import TrackingServerError
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.store import connect
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Make ONNX model optimization measurable: every attempt becomes an MLflow run you can compare."""
 
-from importlib import import_module
+from tracker.lazy import lazy_getattr
 
 # Public names and their modules, imported on first use so `tracker summarize` does not pay for
 # importing MLflow.
@@ -25,8 +25,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tracker' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

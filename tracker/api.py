@@ -8,6 +8,8 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,13 @@ import onnx
 from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
+from tracker.measure.lm_diff import LogitsTolerance
+from tracker.measure.model_io import load_model
+from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.output_diff import TOLERANCES, Tolerance
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
+from tracker.optimize import Candidate, Context, Entry, ModelInfo, get_entry
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
 from tracker.report.study import build_study_report
@@ -27,6 +34,7 @@ from tracker.termination import sigterm_as_exit
 logger = logging.getLogger(__name__)
 
 Evaluate = Callable[[list[np.ndarray]], Mapping[str, float]]
+AnyTolerance = Tolerance | LogitsTolerance
 
 
 class Study:
@@ -56,7 +64,6 @@ class Study:
         log_models: bool = True,
         workdir: str | Path | None = None,
         latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
-        steps: StepTimes | None = None,
     ) -> None:
         check_name("study", name)
         self.name = name
@@ -73,9 +80,9 @@ class Study:
         self._workdir = Path(workdir) if workdir is not None else None
         self.results: list[AttemptResult] = []
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
-        # Work done for the study before it started (e.g. an export) can be timed into `steps`.
-        self.steps = steps or StepTimes()
-        self._started = time.perf_counter() - sum(self.steps.seconds.values())
+        self._graphs: dict[str, onnx.ModelProto] = {}  # `_graph_of`
+        self.steps = StepTimes()  # the study's own work; each attempt has its own
+        self._started = time.perf_counter()
         self._run_cm = None
 
     def __enter__(self) -> Study:
@@ -117,6 +124,94 @@ class Study:
         self.results.append(result)
         return result
 
+    def optimize(
+        self,
+        entry: str,
+        source: onnx.ModelProto | str | Path,
+        *,
+        name: str | None = None,
+        info: ModelInfo | None = None,
+        runtime: str = "onnxruntime",
+        session: SessionConfig | None = None,
+        tolerance: AnyTolerance | Mapping[str, AnyTolerance] = TOLERANCES,
+        **fields,
+    ) -> AttemptResult | None:
+        """Runs the registry entry `entry` on `source`, then measures and logs what it made as one attempt.
+
+        An entry that does not apply to `source`, or that raises, is logged as a FAILED attempt carrying
+        the reason, and None is returned; the study goes on.
+
+        Args:
+            entry: a name in `tracker.optimize.REGISTRY`.
+            source: the model to optimize, in memory or as a path.
+            name: the attempt's name (default: the entry's).
+            info: heads and hidden size, for the entries that fuse transformer blocks.
+            runtime: the runtime the candidate runs in.
+            session: the study's ONNX Runtime settings; a session entry sets its own on top.
+            tolerance: one tolerance, or one per precision ("fp32", "fp16", "int8"): the candidate's
+                precision picks it.
+            **fields: `Attempt` fields that replace the candidate's (description, new_ops, ...);
+                `params` and `metrics` are added to the candidate's.
+        """
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        found = get_entry(entry)
+        name = name or found.name
+        check_name("attempt", name)
+        context = Context(info=info, runtime=runtime)
+        logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
+        # A session entry makes nothing: no optimize step in the study's time table.
+        step = nullcontext() if found.kind == "session" else self.steps.step("optimize")
+        try:
+            with step:
+                source_path = self._on_disk(source, name)
+                graph = source if isinstance(source, onnx.ModelProto) else self._graph_of(source_path)
+                reason = found.why_not(graph, context)
+                if reason is not None:
+                    raise ValueError(f"{found.name} does not apply to this model: {reason}")
+                start = time.perf_counter()
+                candidate = found.make(source_path, self._workdir / name / "optimized", context)
+                seconds = time.perf_counter() - start
+        except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
+            self.record_failure(name, e, runtime=runtime)
+            return None
+        # A session entry measures its source as given (in memory or not), with other settings.
+        model = source if candidate.path == source_path else candidate.path
+        chosen = tolerance if isinstance(tolerance, (Tolerance, LogitsTolerance)) else tolerance[candidate.precision]
+        metrics, params = _candidate_content(found, candidate, seconds)
+        return self.attempt(
+            name,
+            model,
+            runtime=runtime,
+            session=replace(session or SessionConfig(), **candidate.session),
+            new_ops=fields.pop("new_ops", candidate.new_ops),
+            tolerance=chosen,
+            description=fields.pop("description", "; ".join(candidate.notes)),
+            metrics={**metrics, **fields.pop("metrics", {})},
+            params={**params, **fields.pop("params", {})},
+            **fields,
+        )
+
+    def _graph_of(self, path: Path) -> onnx.ModelProto:
+        """The model at `path` without its weights' values, read once per study: what `Entry.applies` looks at."""
+        key = str(path.resolve())
+        if key not in self._graphs:
+            model = load_model(path, load_external_data=False, check=False)
+            for tensor in model.graph.initializer:  # names, types and shapes stay; the values go
+                for values in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+                    tensor.ClearField(values)
+            self._graphs[key] = model
+        return self._graphs[key]
+
+    def _on_disk(self, source: onnx.ModelProto | str | Path, name: str) -> Path:
+        """`source` as a file: its path, or a model in memory saved in the attempt's work folder."""
+        if not isinstance(source, onnx.ModelProto):
+            return Path(source)
+        path = self._workdir / name / "source.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save_model(source, str(path))
+        return path
+
     def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime") -> None:
         """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
         if self._run_cm is None:
@@ -142,6 +237,11 @@ class Study:
             write.log_study_report(built.html, built.tables)
         except Exception as e:
             logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
+
+    def add_prior_work(self, steps: StepTimes) -> None:
+        """Counts work done for the study before it started (e.g. an export) in its steps and its wall time."""
+        self.steps.add(steps)
+        self._started -= sum(steps.seconds.values())
 
     def step_totals(self) -> tuple[StepTimes, float]:
         """Seconds per step over the study and its attempts, and the study's wall time so far."""
@@ -276,6 +376,19 @@ def run_attempt(
     result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
     _release_memory()
     return result
+
+
+def _candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tuple[dict[str, float], dict[str, str]]:
+    """The metrics and params saying what an entry did. A session entry made no model: it says it in its
+    session params, which every attempt logs."""
+    if entry.kind == "session":
+        return {}, dict(candidate.params)
+    metrics = {f"fusion.{op}": float(n) for op, n in candidate.fusions.items()}
+    metrics["optimize.seconds"] = seconds
+    if candidate.fully_optimized is not None:
+        metrics["fusion.fully_optimized"] = float(candidate.fully_optimized)
+    params = {**candidate.params, "precision": candidate.precision, "applied": str(candidate.applied)}
+    return metrics, params
 
 
 def _release_memory() -> None:

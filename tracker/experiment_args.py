@@ -7,6 +7,7 @@ import logging
 
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.latency import TimingConfig
+from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.speedup import MIN_ROUNDS, SpeedupConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
@@ -37,9 +38,9 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
     return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing, speedup=speedup)
 
 
-def session_kwargs(args: argparse.Namespace) -> dict[str, int]:
-    """`SessionConfig` keyword arguments for the thread option (0 keeps the core-count default)."""
-    return {"intra_op_num_threads": args.threads} if args.threads else {}
+def session_config(args: argparse.Namespace) -> SessionConfig:
+    """The `SessionConfig` of the thread option (0 keeps the core-count default)."""
+    return SessionConfig(intra_op_num_threads=args.threads) if args.threads else SessionConfig()
 
 
 def setup_logging() -> None:

@@ -9,7 +9,7 @@ from onnx import TensorProto, helper
 
 from tracker.errors import FeedError
 from tracker.measure.feeds import InputSpec, check_feeds, input_specs, make_feeds
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import pytest
 
-from tracker.fusions.add_eyelike import DOMAIN, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import DOMAIN, fuse_add_eyelike, make_linear_model
 from tracker.measure.graph_stats import ATTEMPT_COUNT, BASELINE_COUNT, DELTA, OP_TYPE, diff_graphs, graph_stats
 
 N_FEATURES = 100

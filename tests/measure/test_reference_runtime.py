@@ -10,7 +10,7 @@ import pytest
 from onnx import numpy_helper
 
 from tracker.errors import FeedError
-from tracker.fusions.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.measure.latency import TimingConfig
 from tracker.measure.reference_runtime import (
     evaluate_node,

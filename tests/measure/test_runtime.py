@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracker.fusions.add_eyelike import AddEyeLike
+from tracker.optimize.add_eyelike import AddEyeLike
 from tracker.measure.attempt import Attempt
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.runtime import RUNTIMES, OrtRuntime, ReferenceRuntime, get_runtime

@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
-from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),

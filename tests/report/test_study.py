@@ -14,7 +14,7 @@ from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConf
 from tracker.profile import columns as C
 from tracker.store import write
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
-from tracker.fusions.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.report.rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,

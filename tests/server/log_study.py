@@ -17,7 +17,7 @@ import numpy as np
 
 import tracker
 import tracker.api  # noqa: F401  (MLflow's import time must not stagger the start)
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.measure.speedup import SpeedupConfig
 
 FAST = tracker.MeasureConfig(profile_runs=3,

@@ -17,7 +17,7 @@ from log_study import FAST
 from tests.conftest import child_env
 from tracker import Study
 from tracker.errors import TrackingServerError
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.record import AttemptRecord, find_records, find_summaries, save_record
 from tracker.store import connect
 from tracker.server import LocalTrackingServer
@@ -26,7 +26,7 @@ SECRET = "s3cr3t-Probe-Pw"
 STUDY = """
 import logging, numpy as np, tracker
 logging.basicConfig(level=logging.INFO)
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from log_study import FAST
 feeds = {"X": np.ones((2, 8), np.float32)}
 with tracker.Study("leak", feeds=feeds, experiment="leak", config=FAST) as study:

@@ -15,7 +15,7 @@ from mlflow.entities import ViewType
 
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tracker.fusions.add_eyelike import make_linear_model
+from tracker.optimize.add_eyelike import make_linear_model
 from tracker.record import RECORD_FILE, AttemptRecord, find_records, find_summaries, save_record
 from tests.conftest import FAST_SPEEDUP
 

@@ -30,6 +30,8 @@ EXACT = Tolerance("exact", rtol=0.0, atol=0.0)
 FP32 = Tolerance("fp32", rtol=1e-4, atol=1e-4)
 FP16 = Tolerance("fp16", rtol=1e-2, atol=1e-2)
 INT8 = Tolerance("int8", rtol=1e-1, atol=5e-1)
+# The raw-output tolerance of each precision an optimization can produce (`Candidate.precision`).
+TOLERANCES = {t.name: t for t in (FP32, FP16, INT8)}
 
 
 @dataclass(frozen=True)

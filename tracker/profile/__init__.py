@@ -1,6 +1,6 @@
 """Reads ONNX Runtime profiles into a kernel-invocation table and aggregates it; no MLflow, no onnxruntime."""
 
-from importlib import import_module
+from tracker.lazy import lazy_getattr
 
 # Public names and their modules, imported on first use: a worker process (`tracker.profile.worker`) and
 # `tracker.profile.columns` must not pay for importing pandas.
@@ -18,8 +18,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tracker.profile' has no attribute {name!r}")
-    return getattr(import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_getattr(__name__, _EXPORTS)

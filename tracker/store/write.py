@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import tempfile
 import traceback
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -201,8 +202,12 @@ def _log_model_file(path: Path, *, flavor: bool) -> None:
             onnx_execution_providers=["CPUExecutionProvider"],
         )
     else:
-        # The onnx flavor's pyfunc would fail on an op ORT does not know: keep the file as is.
-        mlflow.log_artifact(str(path), "model")
+        # The onnx flavor's pyfunc would fail on an op ORT does not know: keep the model as a file,
+        # always `model/model.onnx` (with its weights in it) whatever the attempt's file was called.
+        with tempfile.TemporaryDirectory(prefix="tracker-model-") as tmp:
+            plain = Path(tmp) / "model.onnx"
+            onnx.save_model(load_model(path, check=False), str(plain))
+            mlflow.log_artifact(str(plain), "model")
         mlflow.set_tag(TAG_MODEL_FORMAT, "plain artifact (custom-domain op)")
 
 

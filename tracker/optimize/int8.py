@@ -4,19 +4,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracker.optimizations.base import (
-    ModelInfo,
-    Transformed,
+from tracker.optimize.base import (
+    Candidate,
+    Context,
+    Entry,
     count_ops,
     ort_fused_counts,
     prepare_output,
+    transformer,
 )
-from tracker.optimizations.ort_optimizer import BASIC_OPT_LEVEL, optimizer_params, run_ort_optimizer
+from tracker.optimize.ort_optimizer import BASIC_OPT_LEVEL, optimizer_params, run_ort_optimizer
 
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul")
 
 
-def int8_dynamic(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+def int8_dynamic(source: Path, target_dir: Path, context: Context) -> Candidate:
     """Quantizes the ORT-optimized (opt_level 1) graph: int8 weights, activations quantized per run.
 
     Why not the source graph: the dynamo export ties lm_head to the embedding through a Transpose, so
@@ -26,6 +28,7 @@ def int8_dynamic(source: Path, target_dir: Path, info: ModelInfo) -> Transformed
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    info = context.require_info("int8_dynamic")
     target = prepare_output(source, target_dir, "int8_dynamic")
     optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
     fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
@@ -45,7 +48,7 @@ def int8_dynamic(source: Path, target_dir: Path, info: ModelInfo) -> Transformed
         "not to the source graph",
         f"{matmuls} MatMul weights quantized to int8",
     )
-    return Transformed(
+    return Candidate(
         path=target,
         applied=matmuls > 0,
         fusions=fusions,
@@ -60,3 +63,7 @@ def int8_dynamic(source: Path, target_dir: Path, info: ModelInfo) -> Transformed
             "quantization.quantized_matmuls": str(matmuls),
         },
     )
+
+
+ENTRY = Entry("int8_dynamic", "transform", "ORT's optimizer at opt_level 1, then int8 MatMul weights (dynamic quantization)",
+              int8_dynamic, transformer)

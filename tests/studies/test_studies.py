@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["-P", "profile_runs=4", "-P", "min_runs=5", "-P", "min_seconds=0.02", "-P", "threads=1",
         "-P", "speedup_rounds=4", "-P", "speedup_seconds=0"]
 # Keys every attempt carries, whatever the runtime, so the MLflow UI can compare them.

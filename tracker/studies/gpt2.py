@@ -1,10 +1,9 @@
-"""The GPT-2 study: export once, then every registered optimization as a nested attempt run."""
+"""Study `gpt2`: export GPT-2 once, then every model transform of the registry as a nested attempt run."""
 
 from __future__ import annotations
 
 import logging
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,9 +13,14 @@ from tracker.measure.attempt import MeasureConfig
 from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.steps import StepTimes
+from tracker.optimize import REGISTRY, ModelInfo
 from tracker.store import connect
 
 logger = logging.getLogger(__name__)
+
+# What the study runs by default: every entry that rewrites the model. Session entries would only show
+# ORT's default settings again, and the hand-written fusions do not apply to GPT-2.
+DEFAULT_ATTEMPTS = tuple(name for name, entry in REGISTRY.items() if entry.kind == "transform")
 
 
 @dataclass(frozen=True)
@@ -31,7 +35,7 @@ class GPT2StudyConfig:
         seq_lens: sequence lengths timed (profiling off) for every attempt.
         headline_seq: the length that is profiled, checked against the baseline and headlined.
         batch: batch size of the token inputs.
-        attempts: registered optimizations to run after the baseline (all by default).
+        attempts: registry entries to run after the baseline (default: DEFAULT_ATTEMPTS).
         seed: seed of the weights (when built from a config) and of the tokens.
         measure: how every attempt is measured.
         session: ONNX Runtime settings of every attempt.
@@ -50,8 +54,6 @@ class GPT2StudyConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
 
     def __post_init__(self) -> None:
-        from tracker.optimizations import REGISTRY
-
         if not self.seq_lens or min(self.seq_lens) < 1:
             raise ValueError(f"seq_lens must be positive integers, got {self.seq_lens}")
         if self.headline_seq not in self.seq_lens:
@@ -64,9 +66,7 @@ class GPT2StudyConfig:
 
     @property
     def attempt_names(self) -> tuple[str, ...]:
-        from tracker.optimizations import REGISTRY
-
-        return self.attempts if self.attempts is not None else tuple(REGISTRY)
+        return self.attempts if self.attempts is not None else DEFAULT_ATTEMPTS
 
 
 def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None) -> Study:
@@ -78,7 +78,6 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
     from tracker.gpt2.export import export_gpt2, verify_export
     from tracker.gpt2.model import load_gpt2
     from tracker.gpt2.tokens import feeds_for, make_tokens
-    from tracker.optimizations import REGISTRY, ModelInfo
 
     connect.setup_tracking()  # an unreachable server is an error now, not after the export
     steps = StepTimes()
@@ -117,8 +116,8 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             params=params,
             tags={TAG_WEIGHTS: weights},
             workdir=work / "measure",
-            steps=steps,
         ) as study:
+            study.add_prior_work(steps)
             study.attempt(
                 "baseline",
                 exported.path,
@@ -133,30 +132,5 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
                 params={"export.torch_atol": repr(check.atol)},
             )
             for name in config.attempt_names:
-                _run_attempt(study, name, REGISTRY[name], exported.path, work / name, info, config)
+                study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES)
         return study
-
-
-def _run_attempt(study: Study, name: str, transform, source: Path, target: Path, info, config: GPT2StudyConfig) -> None:
-    logger.info("gpt2: optimizing %s", name)
-    start = time.perf_counter()
-    try:
-        with study.steps.step("optimize"):
-            transformed = transform(source, target, info)
-    except Exception as e:  # any optimizer failure is a result of the study, logged on its own run
-        study.record_failure(name, e)
-        return
-    seconds = time.perf_counter() - start
-    metrics = {f"fusion.{op}": float(n) for op, n in transformed.fusions.items()}
-    metrics["optimize.seconds"] = seconds
-    if transformed.fully_optimized is not None:
-        metrics["fusion.fully_optimized"] = float(transformed.fully_optimized)
-    study.attempt(
-        name,
-        transformed.path,
-        session=config.session,
-        tolerance=LOGITS_TOLERANCES[transformed.precision],
-        description="; ".join(transformed.notes),
-        metrics=metrics,
-        params={**transformed.params, "precision": transformed.precision, "applied": str(transformed.applied)},
-    )

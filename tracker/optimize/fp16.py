@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracker.optimizations.base import (
-    ModelInfo,
-    Transformed,
+from tracker.optimize.base import (
+    Candidate,
+    Context,
+    Entry,
     needs_external_data,
     ort_fused_counts,
     prepare_output,
+    transformer,
 )
-from tracker.optimizations.ort_optimizer import (
+from tracker.optimize.ort_optimizer import (
     BASIC_OPT_LEVEL,
     optimizer_params,
     run_ort_optimizer,
@@ -19,12 +21,13 @@ from tracker.optimizations.ort_optimizer import (
 )
 
 
-def ort_opt_fp16(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
     """`ort_opt_basic`, then `OnnxModel.convert_float_to_float16(keep_io_types=True)`.
 
     `keep_io_types` adds a Cast after each float input and before each float output, so the feeds
     and the logits' dtype are those of the fp32 model and the two can be compared directly.
     """
+    info = context.require_info("ort_opt_fp16")
     target = prepare_output(source, target_dir, "ort_opt_fp16")
     optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
     fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
@@ -38,7 +41,7 @@ def ort_opt_fp16(source: Path, target_dir: Path, info: ModelInfo) -> Transformed
         "the CPU provider has few fp16 kernels: ORT inserts Casts around the others at session time",
         *unfused_notes(fusions),
     )
-    return Transformed(
+    return Candidate(
         path=target,
         applied=True,
         fusions=fusions,
@@ -47,3 +50,7 @@ def ort_opt_fp16(source: Path, target_dir: Path, info: ModelInfo) -> Transformed
         notes=notes,
         params={**optimizer_params(info, BASIC_OPT_LEVEL), "fp16.keep_io_types": "true"},
     )
+
+
+ENTRY = Entry("ort_opt_fp16", "transform", "ORT's optimizer at opt_level 1, then float16 weights and compute",
+              ort_opt_fp16, transformer)

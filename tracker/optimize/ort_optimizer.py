@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tracker.optimizations.base import (
+from tracker.optimize.base import (
+    Candidate,
+    Context,
+    Entry,
     ModelInfo,
-    Transformed,
     needs_external_data,
     ort_fused_counts,
     prepare_output,
+    transformer,
 )
 
 logger = logging.getLogger(__name__)
@@ -70,8 +73,9 @@ def unfused_notes(fusions: dict[str, int]) -> tuple[str, ...]:
 
 
 def _ort_optimized(
-    source: Path, target_dir: Path, info: ModelInfo, *, name: str, opt_level: int, notes: tuple[str, ...] = ()
-) -> Transformed:
+    source: Path, target_dir: Path, context: Context, *, name: str, opt_level: int, notes: tuple[str, ...] = ()
+) -> Candidate:
+    info = context.require_info(name)
     target = prepare_output(source, target_dir, name)
     optimized = run_ort_optimizer(source, info, opt_level=opt_level)
     fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
@@ -79,7 +83,7 @@ def _ort_optimized(
     # GPT-2 small is ~500 MB, well under protobuf's 2 GB: one file is simpler to log and to load.
     optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
     logger.info("%s: %s", name, {k: v for k, v in fusions.items() if v})
-    return Transformed(
+    return Candidate(
         path=target,
         applied=any(fusions.values()),
         fusions=fusions,
@@ -90,13 +94,20 @@ def _ort_optimized(
     )
 
 
-def ort_opt_basic(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+def ort_opt_basic(source: Path, target_dir: Path, context: Context) -> Candidate:
     """ORT basic graph optimizations (constant folding, redundant nodes) plus ORT's Python fusions."""
-    return _ort_optimized(source, target_dir, info, name="ort_opt_basic", opt_level=BASIC_OPT_LEVEL)
+    return _ort_optimized(source, target_dir, context, name="ort_opt_basic", opt_level=BASIC_OPT_LEVEL)
 
 
-def ort_opt_extended(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+def ort_opt_extended(source: Path, target_dir: Path, context: Context) -> Candidate:
     """ORT extended graph optimizations (CPU/CUDA fusions) plus ORT's Python fusions."""
     return _ort_optimized(
-        source, target_dir, info, name="ort_opt_extended", opt_level=EXTENDED_OPT_LEVEL, notes=(_EXTENDED_NOTE,)
+        source, target_dir, context, name="ort_opt_extended", opt_level=EXTENDED_OPT_LEVEL, notes=(_EXTENDED_NOTE,)
     )
+
+
+# Two levels of one tool, so one module.
+BASIC = Entry("ort_opt_basic", "transform", "ORT's transformer optimizer at opt_level 1, saved as a new model",
+              ort_opt_basic, transformer)
+EXTENDED = Entry("ort_opt_extended", "transform", "ORT's transformer optimizer at opt_level 2, saved as a new model",
+                 ort_opt_extended, transformer)

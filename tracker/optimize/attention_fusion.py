@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracker.optimizations.base import ModelInfo, Transformed, copy_model, prepare_output
+from tracker.optimize.base import Candidate, Context, Entry, copy_model, prepare_output, transformer
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _MS_DOMAIN = "com.microsoft"
 _RANK2_INPUTS = {"Gemm": (0, 1)}
 
 
-def attention_fused(source: Path, target_dir: Path, info: ModelInfo) -> Transformed:
+def attention_fused(source: Path, target_dir: Path, context: Context) -> Candidate:
     """Fuses every attention block with `onnxscript.rewriter.ort_fusions.optimize_for_ort`.
 
     Where no attention fuses (the legacy TorchScript export's graph does not match onnxscript's
@@ -38,6 +38,7 @@ def attention_fused(source: Path, target_dir: Path, info: ModelInfo) -> Transfor
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
+    info = context.require_info(NAME)
     target = prepare_output(source, target_dir, NAME)
     # optimize_for_ort rewrites the ir.Model in place; it is our own copy, loaded from the file.
     model, rule_counts = optimize_for_ort(ir.load(source))
@@ -47,7 +48,7 @@ def attention_fused(source: Path, target_dir: Path, info: ModelInfo) -> Transfor
     rules = ", ".join(f"{k}={v}" for k, v in rule_counts.items() if v) or "none"
     if attention == 0:
         copy_model(source, target)
-        return Transformed(
+        return Candidate(
             path=target,
             applied=False,
             fusions=dict.fromkeys(FUSED_OPS, 0),
@@ -67,7 +68,7 @@ def attention_fused(source: Path, target_dir: Path, info: ModelInfo) -> Transfor
             "attention, which onnxscript 0.7.2 drops (ORT refused the graph: rank 3 into a rank-2 Gemm)"
         )
     logger.info("%s: %s", NAME, {k: v for k, v in fusions.items() if v})
-    return Transformed(
+    return Candidate(
         path=target,
         applied=True,
         fusions=fusions,
@@ -134,3 +135,7 @@ def _count_ms_ops(model) -> dict[str, int]:
         if node.op_type in counts and (node.domain == _MS_DOMAIN or node.op_type == "LayerNormalization"):
             counts[node.op_type] += 1
     return counts
+
+
+ENTRY = Entry(NAME, "transform", "onnxscript's ORT fusions: attention into MultiHeadAttention, layer norms, GELU",
+              attention_fused, transformer)

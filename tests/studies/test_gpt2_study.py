@@ -8,10 +8,10 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from tests.test_studies import artifact_paths, mlflow_run
+from tests.studies.test_studies import artifact_paths, mlflow_run
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.lm_diff import LOGITS_FP32
-from tracker.optimizations import REGISTRY
+from tracker.studies.gpt2 import DEFAULT_ATTEMPTS
 from tests.conftest import FAST_SPEEDUP
 
 pytest.importorskip("torch")
@@ -24,7 +24,7 @@ def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tm
     client = mlflow_run(tmp_path, "gpt2", *TINY)
     experiment = client.get_experiment_by_name("studies")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert set(runs) == {"gpt2", "baseline", *REGISTRY}
+    assert set(runs) == {"gpt2", "baseline", *DEFAULT_ATTEMPTS}
     parent = runs["gpt2"]
     assert parent.data.tags["tracker.weights"] == "random (seeded), not pretrained"
     assert parent.data.tags["tracker.best_attempt"] in runs
@@ -32,7 +32,7 @@ def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tm
     baseline = runs["baseline"].data
     assert baseline.metrics["export.torch_passed"] == 1.0
     assert baseline.metrics["export.torch_max_abs"] < 1e-4
-    for name in ("baseline", *REGISTRY):
+    for name in ("baseline", *DEFAULT_ATTEMPTS):
         run = runs[name]
         assert run.info.status == "FINISHED", run.data.tags.get("tracker.error")
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id

@@ -1,5 +1,5 @@
-"""What an optimization attempt returns (`Transformed`), what it is told (`ModelInfo`), and the file helpers
-every attempt shares."""
+"""One registry entry (`Entry`): what it applies to, what it is told (`Context`), what it returns
+(`Candidate`); and the file helpers every entry shares."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ from pathlib import Path
 import onnx
 
 PRECISIONS = ("fp32", "fp16", "int8")
+# What an entry does: run the same model with other session settings, rewrite the graph with a tool
+# (optimizer, converter, quantizer), or apply a hand-written fusion.
+KINDS = ("session", "transform", "fusion")
 
 # Protobuf cannot serialize a message of 2 GiB or more: only then must weights go to an external file.
 _PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -42,18 +45,40 @@ class ModelInfo:
 
 
 @dataclass(frozen=True)
-class Transformed:
-    """What one attempt did.
+class Context:
+    """What an entry is told besides its source model.
 
     Attributes:
-        path: the new model file (its external data, if any, lies beside it).
-        applied: False when the attempt could not do what it is for (no attention to fuse, nothing
+        info: heads and hidden size, for the entries that fuse transformer blocks; None for other models.
+        runtime: the runtime the candidate will run in ("onnxruntime" or "reference").
+    """
+
+    info: ModelInfo | None = None
+    runtime: str = "onnxruntime"
+
+    def require_info(self, entry: str) -> ModelInfo:
+        """`info`, or a ValueError saying that `entry` needs it."""
+        if self.info is None:
+            raise ValueError(f"{entry} needs the model's num_heads and hidden_size (a ModelInfo); none was given")
+        return self.info
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What one entry made: the model to measure and how to run it.
+
+    Attributes:
+        path: the model file (its external data, if any, lies beside it); a session entry returns its source.
+        applied: False when the entry could not do what it is for (no attention to fuse, nothing
             quantized); `notes` say why, and `path` is still a model that runs.
         fusions: count of each fused op type in the new graph, e.g. {"SkipLayerNormalization": 24}.
         fully_optimized: the optimizer's own verdict (ORT's `is_fully_optimized`), None where it has none.
-        precision: "fp32", "fp16" or "int8": the precision of the weights and compute.
+        precision: "fp32", "fp16" or "int8": the precision of the weights and compute; the study's
+            tolerance for that precision judges the outputs.
         notes: what a reader of the run should know (what was skipped, repaired, or left unfused).
         params: what was done, as strings to log (`optimizer.opt_level`, ...).
+        session: `SessionConfig` fields this candidate sets on top of the study's (session entries).
+        new_ops: the reference runtime's kernels for custom ops the candidate has.
     """
 
     path: Path
@@ -63,6 +88,8 @@ class Transformed:
     precision: str
     notes: tuple[str, ...] = ()
     params: dict[str, str] = field(default_factory=dict)
+    session: Mapping[str, str | int] = field(default_factory=dict)
+    new_ops: tuple[type, ...] = ()
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -72,7 +99,56 @@ class Transformed:
             raise ValueError(f"fusion counts must be non-negative ints, got {bad}")
 
 
-Transform = Callable[[Path, Path, ModelInfo], Transformed]
+Make = Callable[[Path, Path, Context], Candidate]
+# None when the entry applies to the model (loaded without its external weights), else why it does not.
+Applies = Callable[[onnx.ModelProto, Context], "str | None"]
+
+
+def any_graph(model: onnx.ModelProto, context: Context) -> str | None:
+    """Every model: session settings and generic rewrites."""
+    return None
+
+
+def transformer(model: onnx.ModelProto, context: Context) -> str | None:
+    """Models with attention (Softmax and MatMul) whose heads and hidden size are known."""
+    ops = {node.op_type for node in model.graph.node}
+    if not {"Softmax", "MatMul"} <= ops:
+        return "no attention in the graph (a transformer has Softmax and MatMul)"
+    if context.info is None:
+        return "needs the model's num_heads and hidden_size (a ModelInfo)"
+    return None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One attempt of the registry.
+
+    Attributes:
+        name: the attempt's name (its run name).
+        kind: one of KINDS.
+        summary: one line for humans: what it does.
+        make: `(source, target_dir, context) -> Candidate`; writes only under `target_dir` and never
+            changes `source`.
+        applies: whether it applies to a model (`any_graph`, `transformer`, or the entry's own check).
+        runtimes: the runtimes its candidates run in.
+    """
+
+    name: str
+    kind: str
+    summary: str
+    make: Make
+    applies: Applies = any_graph
+    runtimes: tuple[str, ...] = ("onnxruntime",)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+
+    def why_not(self, model: onnx.ModelProto, context: Context) -> str | None:
+        """None when this entry applies to `model` under `context`, else the reason it does not."""
+        if context.runtime not in self.runtimes:
+            return f"runs under {', '.join(self.runtimes)}, not {context.runtime}"
+        return self.applies(model, context)
 
 
 def prepare_output(source: Path, target_dir: Path, name: str) -> Path:

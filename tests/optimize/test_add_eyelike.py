@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tracker.fusions.add_eyelike import (
+from tracker.optimize.add_eyelike import (
     DOMAIN,
     WRONG_ADD_EYELIKE,
     AddEyeLike,

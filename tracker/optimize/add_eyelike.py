@@ -1,14 +1,18 @@
-"""The textbook fusion EyeLike + Add -> AddEyeLike (a custom op), and a small model that has the pattern."""
+"""The textbook fusion EyeLike + Add -> AddEyeLike (a custom op), its registry entry, and a small model that has
+the pattern."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import helper
 from onnx.reference.op_run import OpRun
+
+from tracker.optimize.base import Candidate, Context, Entry, prepare_output, save_proto
 
 DOMAIN = "tracker.fusions"
 OPSET_VERSION = 1
@@ -176,3 +180,39 @@ WRONG_ADD_EYELIKE: type[OpRun] = type(
     (OpRun,),
     {"op_domain": DOMAIN, "_run": _run_wrong, "__module__": __name__, "__doc__": "x + 2I (wrong)."},
 )
+
+
+def add_eyelike(source: Path, target_dir: Path, context: Context) -> Candidate:
+    """The registry's AddEyeLike fusion: for ONNX Runtime the fused op carries its model-local function
+    (ORT inlines it); for the reference runtime the custom kernel `AddEyeLike` runs it."""
+    from tracker.measure.model_io import load_model
+
+    target = prepare_output(source, target_dir, "add_eyelike")
+    for_ort = context.runtime == "onnxruntime"
+    fused = fuse_add_eyelike(load_model(Path(source)), as_function=for_ort)
+    save_proto(fused.model, target)
+    kernel = "model-local function EyeLike+Add" if for_ort else "AddEyeLike: X + I"
+    how = "a model-local function ORT inlines" if for_ort else "the custom OpRun AddEyeLike"
+    return Candidate(
+        path=target,
+        applied=fused.count > 0,
+        fusions={OP_TYPE: fused.count},
+        fully_optimized=None,
+        precision="fp32",
+        notes=(f"{fused.count} EyeLike+Add pairs fused into the custom op AddEyeLike, run as {how}",),
+        params={"fusion.kernel": kernel},
+        new_ops=() if for_ort else (AddEyeLike,),
+    )
+
+
+def has_eyelike_add(model: onnx.ModelProto, context: Context) -> str | None:
+    """Models with an EyeLike whose output is added to its own input."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    if any(n.op_type == "Add" and len(n.input) == 2 and _eyelike_of_other_operand(n, producers) is not None
+           for n in model.graph.node):
+        return None
+    return "no EyeLike(A) added to A in the graph"
+
+
+ENTRY = Entry("add_eyelike", "fusion", "hand-written fusion EyeLike(A) + A -> AddEyeLike(A), a custom op",
+              add_eyelike, has_eyelike_add, runtimes=("onnxruntime", "reference"))

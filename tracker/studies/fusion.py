@@ -1,0 +1,40 @@
+"""Study `fusion`: the hand-written EyeLike + Add -> AddEyeLike fusion (registry entry `add_eyelike`), under
+both runtimes.
+
+Model: Y = Add(MatMul(X, Add(A, EyeLike(A))), B), X 4x100, A 100x100 / 10, B 1x100. Attempts:
+- reference_baseline / reference_fused: onnx.reference.ReferenceEvaluator, the fused op through a
+  custom OpRun (prediction diff must be exactly 0);
+- reference_fused_wrong: a deliberately wrong kernel (adds 2*I) that the diff check must reject;
+- ort_baseline / ort_fused: ONNX Runtime, the fused op made runnable as a model-local function.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracker.api import Study
+from tracker.measure.attempt import MeasureConfig
+from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.output_diff import EXACT, FP32
+from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, make_linear_model
+
+
+def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
+        session: SessionConfig | None = None, seed: int = 0) -> Study:
+    """Builds the model from `seed` and logs the five attempts."""
+    model = make_linear_model(n_features=100, seed=seed)
+    feeds = {"X": np.random.default_rng(seed).standard_normal((4, 100)).astype(np.float32)}
+    session = session or SessionConfig()
+    with Study("fusion", feeds=feeds, experiment=experiment, config=measure,
+               params={"model": "Add(MatMul(X, Add(A, EyeLike(A))), B)", "X.shape": "4x100"}) as study:
+        study.attempt("reference_baseline", model, runtime="reference", tolerance=EXACT,
+                      description="unfused model under onnx.reference.ReferenceEvaluator")
+        study.optimize("add_eyelike", model, name="reference_fused", runtime="reference", tolerance=EXACT)
+        study.optimize("add_eyelike", model, name="reference_fused_wrong", runtime="reference", tolerance=EXACT,
+                       new_ops=(WRONG_ADD_EYELIKE,), params={"fusion.kernel": "deliberately wrong: X + 2I"},
+                       description="a wrong AddEyeLike kernel: the diff check must fail")
+        # ORT and the reference evaluator differ by float rounding (~1e-6): fp32 tolerance across runtimes.
+        study.attempt("ort_baseline", model, session=session, tolerance=FP32,
+                      description="unfused model under ONNX Runtime (outputs checked against the reference)")
+        study.optimize("add_eyelike", model, name="ort_fused", session=session, tolerance=EXACT)
+    return study
