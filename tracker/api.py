@@ -158,7 +158,7 @@ class Study:
         found = get_entry(entry)
         name = name or found.name
         check_name("attempt", name)
-        context = Context(info=info, runtime=runtime)
+        context = Context(info=info, runtime=runtime, feeds=self.feeds)
         logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
         # A session entry makes nothing: no optimize step in the study's time table.
         step = nullcontext() if found.kind == "session" else self.steps.step("optimize")

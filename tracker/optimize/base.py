@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -51,10 +52,12 @@ class Context:
     Attributes:
         info: heads and hidden size, for the entries that fuse transformer blocks; None for other models.
         runtime: the runtime the candidate will run in ("onnxruntime" or "reference").
+        feeds: the study's inputs, for entries that calibrate on real data (static quantization).
     """
 
     info: ModelInfo | None = None
     runtime: str = "onnxruntime"
+    feeds: Mapping[str, np.ndarray] | None = None
 
     def require_info(self, entry: str) -> ModelInfo:
         """`info`, or a ValueError saying that `entry` needs it."""
