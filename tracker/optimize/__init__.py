@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from tracker.optimize import add_eyelike, attention_fusion, fp16, int8, ort_optimizer, session_levels
+from tracker.optimize import int4, int8_static, session_options
 from tracker.optimize.base import KINDS, Candidate, Context, Entry, ModelInfo
 
 REGISTRY: dict[str, Entry] = {
@@ -20,11 +21,16 @@ REGISTRY: dict[str, Entry] = {
     for entry in (
         session_levels.DISABLED,
         session_levels.ENABLED,
+        session_options.THREADS_1,
         ort_optimizer.BASIC,
         fp16.ENTRY,
         ort_optimizer.EXTENDED,
         attention_fusion.ENTRY,
         int8.ENTRY,
+        int8_static.MINMAX,
+        int8_static.PERCENTILE,
+        int4.BLOCK32,
+        int4.BLOCK128,
         add_eyelike.ENTRY,
     )
 }

@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-PRECISIONS = ("fp32", "fp16", "int8")
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # What an entry does: run the same model with other session settings, rewrite the graph with a tool
-# (optimizer, converter, quantizer), or apply a hand-written fusion.
-KINDS = ("session", "transform", "fusion")
+# (optimizer, converter, quantizer), apply a hand-written fusion, or quantize any model's weights with a
+# tool ("quantization": int8 static, int4 weight-only; the GPT-2 study's defaults, every "transform",
+# leave them out).
+KINDS = ("session", "transform", "fusion", "quantization")
 
 # Protobuf cannot serialize a message of 2 GiB or more: only then must weights go to an external file.
 _PROTOBUF_LIMIT_BYTES = 2**31 - 1
@@ -76,8 +78,8 @@ class Candidate:
             quantized); `notes` say why, and `path` is still a model that runs.
         fusions: count of each fused op type in the new graph, e.g. {"SkipLayerNormalization": 24}.
         fully_optimized: the optimizer's own verdict (ORT's `is_fully_optimized`), None where it has none.
-        precision: "fp32", "fp16" or "int8": the precision of the weights and compute; the study's
-            tolerance for that precision judges the outputs.
+        precision: one of PRECISIONS ("fp32", "fp16", "int8", "int4"): the precision of the weights and
+            compute; the study's tolerance for that precision judges the outputs.
         notes: what a reader of the run should know (what was skipped, repaired, or left unfused).
         params: what was done, as strings to log (`optimizer.opt_level`, ...).
         session: `SessionConfig` fields this candidate sets on top of the study's (session entries).
@@ -119,6 +121,27 @@ def transformer(model: onnx.ModelProto, context: Context) -> str | None:
         return "no attention in the graph (a transformer has Softmax and MatMul)"
     if context.info is None:
         return "needs the model's num_heads and hidden_size (a ModelInfo)"
+    return None
+
+
+def float_weights(model: onnx.ModelProto, op_types: tuple[str, ...]) -> list[onnx.NodeProto]:
+    """The nodes of `op_types` whose weight (input 1: B of MatMul and Gemm, W of Conv) is a float32
+    initializer of the main graph, 2-D for MatMul and Gemm: the nodes a weight quantizer can quantize."""
+    initializers = {t.name: t for t in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        weight = initializers.get(node.input[1]) if node.op_type in op_types and len(node.input) > 1 else None
+        if weight is None or weight.data_type != onnx.TensorProto.FLOAT:
+            continue
+        if node.op_type == "Conv" or len(weight.dims) == 2:
+            found.append(node)
+    return found
+
+
+def has_matmul_weights(model: onnx.ModelProto, context: Context) -> str | None:
+    """Models with a MatMul or Gemm whose weight is a 2-D float32 initializer (what weight-only quantizers take)."""
+    if not float_weights(model, ("MatMul", "Gemm")):
+        return "no MatMul or Gemm with a 2-D float32 weight initializer"
     return None
 
 
