@@ -43,7 +43,12 @@ class LogitsTolerance:
 LOGITS_FP32 = LogitsTolerance("fp32", max_abs=1e-3, min_top1=0.999, max_kl=1e-6)
 LOGITS_FP16 = LogitsTolerance("fp16", max_abs=5e-2, min_top1=0.98, max_kl=1e-3)
 LOGITS_INT8 = LogitsTolerance("int8", max_abs=2.0, min_top1=0.85, max_kl=5e-2)
-LOGITS_TOLERANCES = {t.name: t for t in (LOGITS_FP32, LOGITS_FP16, LOGITS_INT8)}
+# int4 weight-only on random GPT-2 small (blocks of 32 and 128, seq 32): max |diff| 0.24-0.55, top-1 0.69-0.75,
+# KL 1.1e-3-1.6e-3 (FACTS "int4" has 0.55 and 0.72; the rest measured for these bounds). Top-1 is fragile there
+# (median top-2 logit gap 0.09), hence 0.5. Garbage (the logits plus noise of one logit std) gives max |diff| 2.8,
+# top-1 0.06 and KL 0.15: each bound rejects it.
+LOGITS_INT4 = LogitsTolerance("int4", max_abs=2.0, min_top1=0.5, max_kl=2e-2)
+LOGITS_TOLERANCES = {t.name: t for t in (LOGITS_FP32, LOGITS_FP16, LOGITS_INT8, LOGITS_INT4)}
 
 
 @dataclass(frozen=True)
