@@ -18,6 +18,9 @@ from tracker.optimize.add_eyelike import make_linear_model
 N_LAYER, N_HEAD, N_EMBD, VOCAB = 2, 4, 64, 1000
 INFO = ModelInfo(num_heads=N_HEAD, hidden_size=N_EMBD)
 EXPORTERS = ("dynamo", "torchscript")
+# The tiny BERT encoder: BertConfig's architecture, seeded, built offline in about a second.
+BERT_LAYERS, BERT_HEADS, BERT_HIDDEN, BERT_VOCAB, BERT_TYPES, BERT_POSITIONS = 2, 2, 32, 99, 2, 64
+BERT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,77 @@ def gpt2_feeds(seq_len: int) -> dict[str, np.ndarray]:
     return {"input_ids": rng.integers(0, VOCAB, (2, seq_len), dtype=np.int64)}
 
 
-def gpt2_feeds(seq_len: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seq_len)
-    return {"input_ids": rng.integers(0, VOCAB, (2, seq_len), dtype=np.int64)}
+def make_tiny_bert(attn_implementation: str = "sdpa"):
+    """A seeded `BertModel` (no pooler): vocab 99, hidden 32, 2 layers of 2 heads, intermediate 37.
+
+    Biases and LayerNorm parameters get small seeded noise: BERT's init leaves them exactly 0 and 1, which
+    no trained model has (as for GPT-2, see FACTS). "sdpa" is transformers' default attention.
+    """
+    import torch
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=BERT_VOCAB, hidden_size=BERT_HIDDEN, num_hidden_layers=BERT_LAYERS,
+                        num_attention_heads=BERT_HEADS, intermediate_size=37, type_vocab_size=BERT_TYPES,
+                        max_position_embeddings=BERT_POSITIONS, attn_implementation=attn_implementation)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "LayerNorm" in name:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    return model
+
+
+def export_bert(model, path: Path, *, exporter: str = "dynamo") -> Path:
+    """Exports `model`: input_ids, attention_mask, token_type_ids int64 [batch, seq] -> last_hidden_state
+    [batch, seq, hidden], batch and sequence dynamic."""
+    import warnings
+
+    import torch
+
+    class HiddenStates(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask,
+                              token_type_ids=token_type_ids).last_hidden_state
+
+    example = tuple(torch.from_numpy(a) for a in bert_feeds(2, 8, seed=0).values())
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the legacy exporter's deprecation and tracer warnings
+        if exporter == "dynamo":
+            batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=BERT_POSITIONS)
+            program = torch.onnx.export(HiddenStates().eval(), example, dynamo=True, input_names=list(BERT_INPUTS),
+                                        output_names=["last_hidden_state"], verbose=False,
+                                        dynamic_shapes={name: {0: batch, 1: seq} for name in BERT_INPUTS})
+            program.save(str(path), external_data=False)
+        else:
+            axes = {name: {0: "batch", 1: "seq"} for name in (*BERT_INPUTS, "last_hidden_state")}
+            torch.onnx.export(HiddenStates().eval(), example, str(path), dynamo=False, opset_version=17,
+                              input_names=list(BERT_INPUTS), output_names=["last_hidden_state"], dynamic_axes=axes)
+    return path
+
+
+def bert_feeds(batch: int, seq_len: int, *, seed: int, padding: str = "right") -> dict[str, np.ndarray]:
+    """Valid BERT inputs: ids inside the vocabulary, two segments, and a mask with padding (zeros) in every row
+    but the first. `padding`: "right" (as tokenizers pad BERT), "left", or "holes" (zeros inside a sequence)."""
+    rng = np.random.default_rng(seed)
+    mask = np.ones((batch, seq_len), dtype=np.int64)
+    for row in range(1, batch):
+        pad = min(2 * row, seq_len - 1)
+        if padding == "right":
+            mask[row, seq_len - pad:] = 0
+        elif padding == "left":
+            mask[row, :pad] = 0
+        else:
+            mask[row, 1:1 + 2 * pad:2] = 0
+    token_types = np.zeros((batch, seq_len), dtype=np.int64)
+    token_types[:, seq_len // 2:] = 1
+    return {"input_ids": rng.integers(0, BERT_VOCAB, (batch, seq_len), dtype=np.int64),
+            "attention_mask": mask, "token_type_ids": token_types}
 
 
 @pytest.fixture(scope="session")
@@ -131,7 +202,15 @@ def small_models(request, tmp_path_factory):
         feeds = [{"X": rng.standard_normal((n, 256)).astype(np.float32)} for n in (8, 3)]
         return SmallModel(path, feeds, None, TOLERANCES)
 
-    builders = {"linear_eyelike": linear, "mlp": mlp, **{f"gpt2_{e}": (lambda e=e: gpt2(e)) for e in EXPORTERS}}
+    def bert() -> SmallModel:
+        pytest.importorskip("torch")
+        pytest.importorskip("transformers")
+        path = export_bert(make_tiny_bert(), tmp_path_factory.mktemp("bert_dynamo") / "model.onnx")
+        # No ModelInfo: the entries read heads, hidden size and model type from the graph.
+        return SmallModel(path, [bert_feeds(2, 7, seed=1), bert_feeds(3, 13, seed=2)], None, TOLERANCES)
+
+    builders = {"linear_eyelike": linear, "mlp": mlp, **{f"gpt2_{e}": (lambda e=e: gpt2(e)) for e in EXPORTERS},
+                "bert_dynamo": bert}
 
     def get(name: str) -> SmallModel:
         if name not in built:
@@ -142,7 +221,7 @@ def small_models(request, tmp_path_factory):
 
 
 # The small models, in the order an entry is tried on them: the first one it applies to is its test model.
-SMALL_MODELS = ("linear_eyelike", "mlp", "gpt2_dynamo", "gpt2_torchscript")
+SMALL_MODELS = ("linear_eyelike", "mlp", "gpt2_dynamo", "gpt2_torchscript", "bert_dynamo")
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""Attention fusion: onnxscript's ORT fusions (`optimize_for_ort`), which fuse GPT-2's attention into
-com.microsoft MultiHeadAttention where ORT's own optimizer does not, plus a repair ORT needs."""
+"""Attention fusion: onnxscript's ORT fusions (`optimize_for_ort`), which fuse the attention of dynamo exports
+(GPT-2 into com.microsoft MultiHeadAttention, BERT-style encoders into Attention) where ORT's own optimizer does
+not, plus a repair ORT needs on GPT-2."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracker.optimize.base import Candidate, Context, Entry, copy_model, prepare_output, transformer
+from tracker.optimize.base import Candidate, Context, Entry, copy_model, info_source, prepare_output, transformer
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +39,14 @@ def attention_fused(source: Path, target_dir: Path, context: Context) -> Candida
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
-    info = context.require_info(NAME)
+    info = context.require_info(NAME, source)
     target = prepare_output(source, target_dir, NAME)
     # optimize_for_ort rewrites the ir.Model in place; it is our own copy, loaded from the file.
     model, rule_counts = optimize_for_ort(ir.load(source))
     fusions = _count_ms_ops(model)
     attention = sum(fusions[op] for op in ATTENTION_OPS)
-    params = {"optimizer.tool": "onnxscript.rewriter.ort_fusions.optimize_for_ort"}
+    params = {"optimizer.tool": "onnxscript.rewriter.ort_fusions.optimize_for_ort",
+              "optimizer.info_source": info_source(context)}
     rules = ", ".join(f"{k}={v}" for k, v in rule_counts.items() if v) or "none"
     if attention == 0:
         copy_model(source, target)

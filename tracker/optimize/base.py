@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 import onnx
+
+from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 # What an entry does: run the same model with other session settings, rewrite the graph with a tool
@@ -22,37 +24,12 @@ _PROTOBUF_LIMIT_BYTES = 2**31 - 1
 
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """What the fusers cannot reliably read from the graph.
-
-    Attributes:
-        num_heads: attention heads per layer.
-        hidden_size: width of the residual stream.
-        model_type: `onnxruntime.transformers` model type ("gpt2", "bert", ...).
-    """
-
-    num_heads: int
-    hidden_size: int
-    model_type: str = "gpt2"
-
-    def __post_init__(self) -> None:
-        if self.num_heads < 1 or self.hidden_size < 1:
-            raise ValueError(
-                f"num_heads and hidden_size must be >= 1, got num_heads={self.num_heads}, "
-                f"hidden_size={self.hidden_size}"
-            )
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})"
-            )
-
-
-@dataclass(frozen=True)
 class Context:
     """What an entry is told besides its source model.
 
     Attributes:
-        info: heads and hidden size, for the entries that fuse transformer blocks; None for other models.
+        info: heads, hidden size and model type, for the entries that fuse transformer blocks; None: the
+            entries that need them read them from the graph (`model_info.detect_from_graph`).
         runtime: the runtime the candidate will run in ("onnxruntime" or "reference").
         feeds: the study's inputs, for entries that calibrate on real data (static quantization).
     """
@@ -61,11 +38,28 @@ class Context:
     runtime: str = "onnxruntime"
     feeds: Mapping[str, np.ndarray] | None = None
 
-    def require_info(self, entry: str) -> ModelInfo:
-        """`info`, or a ValueError saying that `entry` needs it."""
-        if self.info is None:
+    def require_info(self, entry: str, source: Path | None = None) -> ModelInfo:
+        """`info` with its model type, what is missing read from the graph of `source`.
+
+        Raises:
+            ValueError: `entry` needs what neither `info` nor the graph of `source` gives (the message says why).
+        """
+        info = self.info
+        if info is not None and info.model_type is not None:
+            return info
+        if source is None:
             raise ValueError(f"{entry} needs the model's num_heads and hidden_size (a ModelInfo); none was given")
-        return self.info
+        graph = onnx.load_model(str(source), load_external_data=False)
+        if info is None:
+            detection = detect_from_graph(graph)
+            if detection.info is None:
+                raise ValueError(f"{entry} needs the model's num_heads and hidden_size (a ModelInfo), and the graph "
+                                 f"does not give them: {detection.reason}")
+            return detection.info
+        model_type = detect_model_type(graph)
+        if model_type is None:
+            raise ValueError(f"{entry} needs the model's type (ModelInfo.model_type), and the graph does not give it")
+        return replace(info, model_type=model_type)
 
 
 @dataclass(frozen=True)
@@ -114,13 +108,26 @@ def any_graph(model: onnx.ModelProto, context: Context) -> str | None:
     return None
 
 
+def info_source(context: Context) -> str:
+    """Where the `ModelInfo` an entry used came from, as a param value: "given", "graph" (detected), or
+    "given, model_type from graph"."""
+    if context.info is None:
+        return "graph"
+    return "given" if context.info.model_type is not None else "given, model_type from graph"
+
+
 def transformer(model: onnx.ModelProto, context: Context) -> str | None:
-    """Models with attention (Softmax and MatMul) whose heads and hidden size are known."""
+    """Models with attention (Softmax and MatMul) whose heads, hidden size and model type are given in
+    `context.info` or can be read from the graph."""
     ops = {node.op_type for node in model.graph.node}
     if not {"Softmax", "MatMul"} <= ops:
         return "no attention in the graph (a transformer has Softmax and MatMul)"
     if context.info is None:
-        return "needs the model's num_heads and hidden_size (a ModelInfo)"
+        detection = detect_from_graph(model)
+        if detection.info is None:
+            return f"needs the model's num_heads and hidden_size (a ModelInfo or a config.json): {detection.reason}"
+    elif context.info.model_type is None and detect_model_type(model) is None:
+        return "needs the model's type (ModelInfo.model_type): the graph does not tell it"
     return None
 
 

@@ -15,9 +15,9 @@ from tracker.optimize.base import (
 )
 from tracker.optimize.ort_optimizer import (
     BASIC_OPT_LEVEL,
+    fusion_notes,
     optimizer_params,
     run_ort_optimizer,
-    unfused_notes,
 )
 
 
@@ -27,7 +27,7 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
     `keep_io_types` adds a Cast after each float input and before each float output, so the feeds
     and the logits' dtype are those of the fp32 model and the two can be compared directly.
     """
-    info = context.require_info("ort_opt_fp16")
+    info = context.require_info("ort_opt_fp16", source)
     target = prepare_output(source, target_dir, "ort_opt_fp16")
     optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
     fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
@@ -39,7 +39,7 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
     notes = (
         "fp16 weights and compute after ORT opt_level 1; inputs and outputs kept fp32 (keep_io_types)",
         "the CPU provider has few fp16 kernels: ORT inserts Casts around the others at session time",
-        *unfused_notes(fusions),
+        *fusion_notes(fusions, info),
     )
     return Candidate(
         path=target,
@@ -48,7 +48,7 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
         fully_optimized=fully,
         precision="fp16",
         notes=notes,
-        params={**optimizer_params(info, BASIC_OPT_LEVEL), "fp16.keep_io_types": "true"},
+        params={**optimizer_params(info, BASIC_OPT_LEVEL, context), "fp16.keep_io_types": "true"},
     )
 
 
