@@ -150,12 +150,17 @@ def test_inspect_with_a_different_dim_changes_the_batch(capsys, model_path):
     assert f"output Y: float32[3, {N_FEATURES}]" in capsys.readouterr().out.splitlines()
 
 
-def test_inspect_without_the_symbolic_dim_exits_2_naming_it(capsys, model_path):
-    assert main(["inspect", str(model_path), "--verbose", "2"]) == 2
+def test_inspect_without_the_symbolic_dim_runs_a_batch_of_one(capsys, model_path):
+    # "N" reads as a batch dim: it gets the default batch size, 1.
+    assert main(["inspect", str(model_path), "--node", "add_bias"]) == 0
+    assert f"output Y: float32[1, {N_FEATURES}]" in capsys.readouterr().out.splitlines()
+
+
+def test_inspect_with_a_dim_the_model_does_not_have_exits_2_naming_its_dims(capsys, model_path):
+    assert main(["inspect", str(model_path), "--dim", "seq=3"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "symbolic dim 'N'" in captured.err
-    assert "--dim N=4" in captured.err
+    assert "dims ['seq'] that no input has; the model's symbolic dims are ['N']" in captured.err
 
 
 @pytest.mark.parametrize(

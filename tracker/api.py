@@ -18,10 +18,10 @@ import onnx
 from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
-from tracker.measure.lm_diff import LogitsTolerance
 from tracker.measure.model_io import load_model
 from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.output_diff import TOLERANCES, Tolerance
+from tracker.measure.output_diff import TOLERANCES
+from tracker.measure.task_diff import TaskTolerance
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
 from tracker.optimize import Candidate, Context, Entry, ModelInfo, get_entry
@@ -34,7 +34,6 @@ from tracker.termination import sigterm_as_exit
 logger = logging.getLogger(__name__)
 
 Evaluate = Callable[[list[np.ndarray]], Mapping[str, float]]
-AnyTolerance = Tolerance | LogitsTolerance
 
 
 class Study:
@@ -133,7 +132,7 @@ class Study:
         info: ModelInfo | None = None,
         runtime: str = "onnxruntime",
         session: SessionConfig | None = None,
-        tolerance: AnyTolerance | Mapping[str, AnyTolerance] = TOLERANCES,
+        tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
         **fields,
     ) -> AttemptResult | None:
         """Runs the registry entry `entry` on `source`, then measures and logs what it made as one attempt.
@@ -177,7 +176,7 @@ class Study:
             return None
         # A session entry measures its source as given (in memory or not), with other settings.
         model = source if candidate.path == source_path else candidate.path
-        chosen = tolerance if isinstance(tolerance, (Tolerance, LogitsTolerance)) else tolerance[candidate.precision]
+        chosen = tolerance[candidate.precision] if isinstance(tolerance, Mapping) else tolerance
         metrics, params = _candidate_content(found, candidate, seconds)
         return self.attempt(
             name,

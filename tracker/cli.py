@@ -1,4 +1,4 @@
-"""Command line: `tracker summarize|profile|inspect|upload|compare` (also `python -m tracker`)."""
+"""Command line: `tracker optimize|summarize|profile|inspect|upload|compare` (also `python -m tracker`)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tracker", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    _add_optimize_parser(sub)
 
     s = sub.add_parser("summarize", help="print the per-op table of an ONNX Runtime profile")
     s.add_argument("profile", help="profile JSON file (or gzip of it)")
@@ -66,6 +67,64 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_optimize_parser(sub) -> None:
+    from tracker.experiment_args import add_measure_args
+
+    o = sub.add_parser(
+        "optimize", help="run every registry attempt that applies to a model, each as a run; print the comparison",
+        description="One study of MODEL: the baseline, then every attempt of the registry that applies to it "
+                    "(tracker.optimize.REGISTRY), each a nested MLflow run judged by --task against the baseline. "
+                    "Prints the comparison and the best attempt. Exit codes: 0 done, 2 bad input (nothing logged).")
+    o.add_argument("model", help="ONNX model file (its external data beside it)")
+    o.add_argument("--feeds", default="", metavar="FILE",
+                   help=".npz of arrays by input name, or .npy for a one-input model (default: generated, valid "
+                        "for token ids, masks and token types; symbolic dims batch 1, sequence 128, else --dim)")
+    _add_feed_options(o)
+    o.add_argument("--task", default="raw", help="how outputs are judged: raw (max |diff|), regression, "
+                                                 "classification, embedding, lm")
+    o.add_argument("--attempts", default="", metavar="A,B", help="run only these registry entries")
+    o.add_argument("--skip", default="", metavar="A,B", help="do not run these registry entries")
+    o.add_argument("--config", default="", metavar="CONFIG_JSON",
+                   help="a Hugging Face config.json giving heads and hidden size (default: read from the graph)")
+    o.add_argument("--name", default="", help="the study's name (default: the model file's stem)")
+    o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
+    add_measure_args(o)
+    o.set_defaults(func=_optimize)
+
+
+def _optimize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from tracker.experiment_args import measure_config, session_config
+    from tracker.report.compare import format_table
+    from tracker.studies import own
+
+    config = own.OwnModelConfig(
+        model=Path(args.model),
+        feeds=Path(args.feeds) if args.feeds else None,
+        task=args.task,
+        attempts=_names(args.attempts) or None,
+        skip=_names(args.skip),
+        dims=_dims(args.dim),
+        config_json=Path(args.config) if args.config else None,
+        name=args.name or None,
+        seed=args.seed,
+        measure=measure_config(args),
+        session=session_config(args),
+    )
+    chosen = own.plan(config)  # bad input fails here, before any run is made
+    if args.dry_run:
+        print(own.format_plan(config, chosen))
+        return 0
+    study = own.run(config, experiment=args.experiment, chosen=chosen)
+    print(format_table(own.comparison(study)))
+    return 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _add_compare_parser(sub) -> None:
     from tracker.report.compare import PASS_RULE
 
@@ -76,7 +135,9 @@ def _add_compare_parser(sub) -> None:
                     f"gates CI with --require. {PASS_RULE} Exit codes: 0 every required attempt passed "
                     "(or none required), 1 one did not, 2 the runs could not be read.")
     which = c.add_mutually_exclusive_group(required=True)
-    which.add_argument("--study-run", metavar="RUN_ID", help="the study's parent run")
+    which.add_argument("run", nargs="?", metavar="RUN_ID", help="the study's parent run (the run id the study's "
+                                                                 "last log line links to)")
+    which.add_argument("--study-run", metavar="RUN_ID", help="the study's parent run, as RUN_ID")
     which.add_argument("--study", metavar="NAME", help="the latest run of this study (needs --experiment)")
     which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="attempt runs, in the order to show")
     c.add_argument("--experiment", metavar="NAME", help="experiment of --study")
@@ -98,7 +159,7 @@ def _compare(args: argparse.Namespace) -> int:
     if args.html:
         compare.check_report_path(args.html)  # before reading runs: a bad path fails fast
     connect.setup_tracking()
-    comparison = compare.load_comparison(study_run_id=args.study_run, experiment=args.experiment,
+    comparison = compare.load_comparison(study_run_id=args.run or args.study_run, experiment=args.experiment,
                                          study=args.study, run_ids=args.runs or ())
     requirements = compare.check_required(comparison.rows, args.require)
     if args.html:
@@ -138,13 +199,15 @@ def _upload(args: argparse.Namespace) -> int:
 
 def _add_feed_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
-                        help="size of a symbolic input dim, repeatable (e.g. --dim batch=4)")
+                        help="size of a symbolic input dim, repeatable or comma-separated (e.g. --dim batch=4,seq=32)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated feeds")
 
 
 def _dims(pairs: list[str]) -> dict[str, int]:
     dims = {}
-    for pair in pairs:
+    for pair in (p.strip() for text in pairs for p in text.split(",")):
+        if not pair:
+            continue
         name, sep, size = pair.partition("=")
         if not sep or not size.strip().isdigit():
             raise ValueError(f"--dim expects NAME=SIZE with an integer size, got {pair!r}")

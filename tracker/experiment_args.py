@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import logging
 
-from tracker.measure.attempt import MeasureConfig
-from tracker.measure.latency import TimingConfig
-from tracker.measure.ort_runtime import SessionConfig
+from typing import TYPE_CHECKING
+
 from tracker.measure.speedup import MIN_ROUNDS, SpeedupConfig
+
+if TYPE_CHECKING:  # imported where used: `tracker` (the CLI) parses these options and must start fast
+    from tracker.measure.attempt import MeasureConfig
+    from tracker.measure.ort_runtime import SessionConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
 
@@ -33,6 +36,9 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
     """The `MeasureConfig` the parsed options describe."""
+    from tracker.measure.attempt import MeasureConfig
+    from tracker.measure.latency import TimingConfig
+
     timing = TimingConfig(min_runs=args.min_runs, min_seconds=args.min_seconds)
     speedup = SpeedupConfig(rounds=args.speedup_rounds, seconds=args.speedup_seconds)
     return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing, speedup=speedup)
@@ -40,6 +46,8 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
 
 def session_config(args: argparse.Namespace) -> SessionConfig:
     """The `SessionConfig` of the thread option (0 keeps the core-count default)."""
+    from tracker.measure.ort_runtime import SessionConfig
+
     return SessionConfig(intra_op_num_threads=args.threads) if args.threads else SessionConfig()
 
 

@@ -1,0 +1,164 @@
+"""Study of the user's own model (`tracker optimize MODEL.onnx`): the baseline, then every registry entry that
+applies to it, each judged by the model's task."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tracker.api import Study
+from tracker.measure.attempt import MeasureConfig
+from tracker.measure.feeds import load_feeds, make_feeds
+from tracker.measure.model_io import check_ort_ops, load_model
+from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.task_diff import TASKS, task_tolerances
+from tracker.optimize import REGISTRY, Context, ModelInfo, applicable
+from tracker.optimize.model_info import detect_model_info
+from tracker.report.compare import Comparison
+from tracker.report.rows import pick_best, rows_from_results
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OwnModelConfig:
+    """What `tracker optimize` was asked to do.
+
+    Attributes:
+        model: the ONNX file (its external data beside it).
+        feeds: an `.npz` (arrays by input name) or `.npy` (one input) file of real inputs; None generates
+            valid ones (`make_feeds`).
+        task: how outputs are judged against the baseline's, one of `TASKS`.
+        attempts: registry entries to run; None runs every entry that applies.
+        skip: registry entries not to run.
+        dims: sizes of symbolic input dims, for generated feeds.
+        config_json: a Hugging Face `config.json` giving heads and hidden size (else read from the graph).
+        name: the study's name (default: the model file's stem).
+        seed: seed of generated feeds.
+        measure: how every attempt is measured.
+        session: ONNX Runtime settings of every attempt.
+    """
+
+    model: Path
+    feeds: Path | None = None
+    task: str = "raw"
+    attempts: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    dims: Mapping[str, int] = field(default_factory=dict)
+    config_json: Path | None = None
+    name: str | None = None
+    seed: int = 0
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    session: SessionConfig = field(default_factory=SessionConfig)
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+        unknown = sorted((set(self.attempts or ()) | set(self.skip)) - set(REGISTRY))
+        if unknown:
+            raise ValueError(f"unknown attempts {unknown}; the registry has {', '.join(REGISTRY)}")
+
+    @property
+    def study_name(self) -> str:
+        """`name`, else the model's file stem with the characters a run name cannot hold made `_`."""
+        return self.name or re.sub(r"[^A-Za-z0-9_.-]", "_", Path(self.model).stem)[:100] or "model"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a study of the user's model will run, decided before any run is made.
+
+    Attributes:
+        feeds: the inputs every attempt runs on.
+        feeds_source: where they come from (the file, or how they were generated).
+        info: heads, hidden size and model type, where the model is a transformer and they could be read.
+        run: the registry entries to run, in registry order.
+        not_run: every other entry, with the reason it does not run.
+    """
+
+    feeds: dict[str, np.ndarray]
+    feeds_source: str
+    info: ModelInfo | None
+    run: tuple[str, ...]
+    not_run: dict[str, str]
+
+
+def plan(config: OwnModelConfig) -> Plan:
+    """Reads the model and its feeds and picks the entries that apply.
+
+    Raises:
+        ModelError: the model cannot be read, or ONNX Runtime has no kernel for one of its ops.
+        FeedError: the feeds file does not fit the model, or valid feeds cannot be generated.
+        ValueError: an entry named in `attempts` does not apply to the model (with the reason).
+    """
+    model = load_model(config.model, load_external_data=False)
+    check_ort_ops(model, source=repr(str(config.model)))  # before any run is made
+    if config.feeds is not None:
+        feeds, source = load_feeds(config.feeds, model), str(config.feeds)
+    else:
+        feeds = make_feeds(model, dims=config.dims, seed=config.seed)
+        source = f"generated (seed {config.seed})"
+    info = detect_model_info(model, config.config_json)
+    reasons = applicable(model, Context(info=info, feeds=feeds))
+    wanted = config.attempts if config.attempts is not None else tuple(REGISTRY)
+    refused = {n: reasons[n] for n in config.attempts or () if reasons[n] is not None}
+    if refused:
+        raise ValueError("; ".join(f"{n} does not apply to {config.model}: {why}" for n, why in refused.items()))
+    run = tuple(n for n in REGISTRY if n in wanted and n not in config.skip and reasons[n] is None)
+    not_run = {}
+    for name, reason in reasons.items():
+        if name in run:
+            continue
+        not_run[name] = "skipped (--skip)" if name in config.skip else reason or "not chosen (--attempts)"
+    return Plan(feeds=feeds, feeds_source=source, info=info, run=run, not_run=not_run)
+
+
+def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
+    """What `--dry-run` prints: the feeds, what was read of the model, and each entry with why it runs or not."""
+    feeds = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in chosen.feeds.items())
+    info = (f"{chosen.info.model_type}, {chosen.info.num_heads} heads, hidden size {chosen.info.hidden_size}"
+            if chosen.info else "not a transformer (or heads and hidden size could not be read)")
+    lines = [f"study {config.study_name}: {config.model} (task {config.task})",
+             f"feeds ({chosen.feeds_source}): {feeds}", f"model: {info}", "attempts:", "  baseline: runs"]
+    width = max(map(len, REGISTRY))
+    for name, entry in REGISTRY.items():
+        why = "runs" if name in chosen.run else f"does not run: {chosen.not_run[name]}"
+        lines.append(f"  {name.ljust(width)}  {entry.kind:<12}  {why}")
+    return "\n".join(lines)
+
+
+def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan | None = None) -> Study:
+    """Logs the baseline and every planned entry as nested runs of one study run.
+
+    An entry that raises is a FAILED run with the reason; the study goes on.
+    """
+    chosen = chosen or plan(config)
+    tolerances = task_tolerances(config.task)
+    params = {
+        "model.file": Path(config.model).name,
+        "task": config.task,
+        "feeds.source": chosen.feeds_source,
+        "attempts.chosen": ",".join(chosen.run),
+    }
+    if chosen.info is not None:
+        params.update({"model.type": chosen.info.model_type, "model.num_heads": str(chosen.info.num_heads),
+                       "model.hidden_size": str(chosen.info.hidden_size)})
+    with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
+               params=params) as study:
+        study.attempt("baseline", Path(config.model), session=config.session, tolerance=tolerances["fp32"],
+                      description=f"{Path(config.model).name} as given")
+        for name in chosen.run:
+            study.optimize(name, Path(config.model), info=chosen.info, session=config.session, tolerance=tolerances)
+    return study
+
+
+def comparison(study: Study) -> Comparison:
+    """The study's attempts as `tracker compare` shows them."""
+    rows = rows_from_results(study.results, failures=study.failures, tables=False)
+    return Comparison(title=f"study {study.name}", rows=rows, best=pick_best(rows), study_run_id=study.run.info.run_id)
+
