@@ -105,6 +105,37 @@ def test_a_convolutional_net_gets_its_quantized_attempts_and_a_verdict_for_each(
         assert 0 <= run.data.metrics["diff.top1_agreement"] <= 1
 
 
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory) -> Path:
+    """The tiny seeded BERT encoder of tests/optimize, exported with the dynamo exporter (dims batch, seq)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.optimize.conftest import export_bert, make_tiny_bert
+
+    return export_bert(make_tiny_bert(), tmp_path_factory.mktemp("bert") / "tiny-bert.onnx")
+
+
+def test_a_bert_encoder_is_judged_as_an_embedding_int8_passes_and_attention_fuses_in_every_layer(tmp_path, tiny_bert):
+    from tests.optimize.conftest import BERT_HEADS, BERT_HIDDEN, BERT_LAYERS
+
+    done = optimize(tmp_path, tiny_bert, "--task", "embedding", "--dim", "batch=2,seq=32")
+    runs = runs_of(tmp_path)
+    study = runs["tiny-bert"].data.params
+    assert (study["model.type"], study["model.num_heads"], study["model.hidden_size"]) == (
+        "bert", str(BERT_HEADS), str(BERT_HIDDEN))
+    for name, run in runs.items():
+        if name != "tiny-bert":
+            assert run.info.status == "FINISHED", (name, run.data.tags.get("tracker.error"))
+    int8 = runs["int8_dynamic"].data
+    assert int8.params["precision"] == "int8" and int8.params["diff.tolerance"] == "int8"
+    assert int8.metrics["diff.passed"] == 1.0 and int8.metrics["diff.cosine_min"] >= 0.99
+    assert runs["int8_dynamic"].data.tags["tracker.verdict"] != "rejected"
+    fused = runs["attention_fused"].data.metrics
+    assert fused["fusion.MultiHeadAttention"] + fused.get("fusion.Attention", 0) == BERT_LAYERS
+    assert runs["attention_fused"].data.metrics["diff.cosine_min"] >= 0.999999
+    assert "best:" in done.stdout
+
+
 def test_dry_run_lists_what_would_run_and_why_the_others_do_not_and_logs_nothing(tmp_path, classifier):
     done = optimize(tmp_path, classifier, "--dry-run", "--skip", "ort_opt_enabled")
     assert "study iris-classifier" in done.stdout

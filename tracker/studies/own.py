@@ -18,7 +18,7 @@ from tracker.measure.model_io import check_ort_ops, load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.task_diff import TASKS, task_tolerances
 from tracker.optimize import REGISTRY, Context, ModelInfo, applicable
-from tracker.optimize.model_info import detect_model_info
+from tracker.optimize.model_info import detect
 from tracker.report.compare import Comparison
 from tracker.report.rows import pick_best, rows_from_results
 
@@ -77,6 +77,7 @@ class Plan:
         feeds: the inputs every attempt runs on.
         feeds_source: where they come from (the file, or how they were generated).
         info: heads, hidden size and model type, where the model is a transformer and they could be read.
+        info_source: where `info` was read ("config.json", "graph"), or why it could not be.
         run: the registry entries to run, in registry order.
         not_run: every other entry, with the reason it does not run.
     """
@@ -84,6 +85,7 @@ class Plan:
     feeds: dict[str, np.ndarray]
     feeds_source: str
     info: ModelInfo | None
+    info_source: str
     run: tuple[str, ...]
     not_run: dict[str, str]
 
@@ -103,7 +105,8 @@ def plan(config: OwnModelConfig) -> Plan:
     else:
         feeds = make_feeds(model, dims=config.dims, seed=config.seed)
         source = f"generated (seed {config.seed})"
-    info = detect_model_info(model, config.config_json)
+    detection = detect(model, config.config_json)
+    info = detection.info
     reasons = applicable(model, Context(info=info, feeds=feeds))
     wanted = config.attempts if config.attempts is not None else tuple(REGISTRY)
     refused = {n: reasons[n] for n in config.attempts or () if reasons[n] is not None}
@@ -115,14 +118,16 @@ def plan(config: OwnModelConfig) -> Plan:
         if name in run:
             continue
         not_run[name] = "skipped (--skip)" if name in config.skip else reason or "not chosen (--attempts)"
-    return Plan(feeds=feeds, feeds_source=source, info=info, run=run, not_run=not_run)
+    info_source = detection.source if info is not None else (detection.reason or "not read")
+    return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run)
 
 
 def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
     """What `--dry-run` prints: the feeds, what was read of the model, and each entry with why it runs or not."""
     feeds = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in chosen.feeds.items())
-    info = (f"{chosen.info.model_type}, {chosen.info.num_heads} heads, hidden size {chosen.info.hidden_size}"
-            if chosen.info else "not a transformer (or heads and hidden size could not be read)")
+    info = (f"{chosen.info.model_type or 'transformer'}, {chosen.info.num_heads} heads, hidden size "
+            f"{chosen.info.hidden_size} (from the {chosen.info_source})" if chosen.info
+            else f"no transformer info: {chosen.info_source}")
     lines = [f"study {config.study_name}: {config.model} (task {config.task})",
              f"feeds ({chosen.feeds_source}): {feeds}", f"model: {info}", "attempts:", "  baseline: runs"]
     width = max(map(len, REGISTRY))
@@ -146,8 +151,8 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
         "attempts.chosen": ",".join(chosen.run),
     }
     if chosen.info is not None:
-        params.update({"model.type": chosen.info.model_type, "model.num_heads": str(chosen.info.num_heads),
-                       "model.hidden_size": str(chosen.info.hidden_size)})
+        params.update({"model.type": str(chosen.info.model_type), "model.num_heads": str(chosen.info.num_heads),
+                       "model.hidden_size": str(chosen.info.hidden_size), "model.info_source": chosen.info_source})
     with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
                params=params) as study:
         study.attempt("baseline", Path(config.model), session=config.session, tolerance=tolerances["fp32"],
