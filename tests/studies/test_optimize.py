@@ -70,7 +70,7 @@ def convnet(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("convnet") / "convnet.onnx"
     x = torch.randn(2, 3, 32, 32)
     torch.onnx.export(net, (x,), str(path), input_names=["image"], output_names=["logits"], dynamo=True,
-                      dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, external_data=False)
+                      dynamic_shapes=({0: torch.export.Dim("batch")},), external_data=False)
     return path
 
 
@@ -169,3 +169,13 @@ def test_a_feeds_file_that_does_not_fit_exits_2_naming_the_input(tmp_path, class
     done = optimize(tmp_path, classifier, "--feeds", str(bad), check=False)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert "wrong_name" in done.stderr
+
+
+def test_the_optimize_entry_point_of_mlflow_run_optimizes_the_given_model(tmp_path, classifier):
+    from tests.studies.test_studies import mlflow_run, runs_by_name
+
+    client = mlflow_run(tmp_path, "optimize", "-P", f"model={classifier}", "-P", "task=classification",
+                        "-P", f"feeds={classifier.parent / 'feeds.npz'}", "-P", "skip=ort_threads_1")
+    runs = runs_by_name(client)
+    assert runs["iris-classifier"].data.params["task"] == "classification"
+    assert {"iris-classifier", "baseline", "ort_opt_disabled", "ort_opt_enabled"} == set(runs)
