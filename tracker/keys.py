@@ -89,6 +89,22 @@ def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
     return metrics
 
 
+def logged_model_name(study: str | None, attempt: str) -> str:
+    """The name of an attempt's MLflow logged model: `<study>-<attempt>`, or `<attempt>` outside a study.
+
+    Not `<study>.<attempt>`: MLflow 3.17 refuses a logged model name holding `.`, `/`, `:`, `%` or quotes,
+    so a dot inside a study or attempt name becomes `_`. The model's tags `tracker.study` and
+    `tracker.attempt` carry the exact names.
+    """
+    return "-".join(part.replace(".", "_") for part in (study, attempt) if part)
+
+
+def feeds_dataset_name(study: str | None, attempt: str) -> str:
+    """The name of the MLflow dataset an attempt's feeds are logged as: `<study>.feeds` (`<attempt>.feeds`
+    outside a study). Every attempt of a study runs on the same feeds: one dataset, one name."""
+    return f"{study or attempt}.feeds"
+
+
 def safe_filename(name: str, *, max_length: int = 100) -> str:
     """A single path component from any text: no separators, no `..`, never empty."""
     clean = _FILE_DISALLOWED.sub("_", name).strip(".") or "_"

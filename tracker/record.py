@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -13,6 +14,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
 from tracker.errors import ModelError, RecordError
+from tracker.measure.feeds_description import FeedsDescription
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
@@ -32,6 +34,7 @@ class AttemptRecord:
         files: file path -> artifact folder it goes to (the raw profile, ORT's optimized graph).
         tables: names of `artifact_dir/tables/<name>.csv` also logged with `mlflow.log_table`.
         model_path: the model file, logged with the onnx flavor if `model_flavor`, else as an artifact.
+        feeds: the inputs it ran on (names, dtypes, shapes, digest), logged as the run's dataset input.
         run_id, parent_run_id, experiment_id: where it was (or was meant to be) logged.
         start_time_ms: when its run started, or would have (epoch ms): an uploaded run starts then, so a
             study's attempts keep their order.
@@ -49,6 +52,7 @@ class AttemptRecord:
     tables: list[str] = field(default_factory=list)
     model_path: str | None = None
     model_flavor: bool = True
+    feeds: FeedsDescription | None = None
     error: str | None = None
     traceback: str | None = None
     run_id: str | None = None
@@ -116,6 +120,8 @@ def load_record(folder: str | Path) -> AttemptRecord:
     if problem:
         raise RecordError(f"record {path}: {problem}")
     record = AttemptRecord(**data)
+    if record.feeds is not None:
+        record.feeds = FeedsDescription.from_dict(record.feeds)
     if record.status not in STATUSES:
         raise RecordError(f"record {path}: 'status' must be one of {', '.join(STATUSES)}, got {record.status!r}")
     try:
@@ -227,6 +233,8 @@ def _field_problem(data: object, cls: type) -> str | None:
 def _matches(value: object, hint: object) -> bool:
     """Whether a JSON value has the type `hint` (str, int, float, bool, None, X | Y, list[X], dict[K, V])."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if dataclasses.is_dataclass(hint):
+        return isinstance(value, dict) and _field_problem(value, hint) is None
     if origin in (types.UnionType, typing.Union):
         return any(_matches(value, a) for a in args)
     if origin is list:
@@ -243,6 +251,12 @@ def _matches(value: object, hint: object) -> bool:
 
 
 def _describe(hint: object) -> str:
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " | ".join(_describe(a) for a in typing.get_args(hint))
+    if dataclasses.is_dataclass(hint):  # e.g. 'feeds': an object of its fields, as `asdict` writes it
+        return f"an object with keys {_names(f.name for f in fields(hint))}"
+    if hint is type(None):
+        return "null"
     return hint.__name__ if isinstance(hint, type) else str(hint).replace("NoneType", "null")
 
 

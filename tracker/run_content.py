@@ -19,6 +19,7 @@ from tracker.keys import (
 )
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.measure.environment import fingerprint
+from tracker.measure.memory import MIB
 from tracker.measure.runtime import get_runtime
 from tracker.record import AttemptRecord
 from tracker.report.rows import attempt_status, carried_speedup, speedup_vs_baseline
@@ -38,6 +39,7 @@ def fill_record(
     attempt = result.attempt
     record.params.update(measured_params(result, config))
     record.metrics = measured_metrics(result, baseline, artifacts.tables)
+    record.feeds = result.feeds
     record.tags = {TAG_STATUS: attempt_status(failed=False, diff_passed=bool(result.diff.passed)),
                    TAG_DIFF: "passed" if result.diff.passed else "failed",
                    TAG_VERDICT: result.verdict}
@@ -93,6 +95,12 @@ def measured_params(result: AttemptResult, config: MeasureConfig) -> dict[str, s
 
 def measured_metrics(result: AttemptResult, baseline: AttemptResult | None, tables: dict) -> dict[str, float]:
     metrics: dict[str, float] = {}
+    if result.session_create_ms is not None:
+        metrics["session.create_ms"] = result.session_create_ms
+    if result.first_run_ms is not None:
+        metrics["latency.first_run_ms"] = result.first_run_ms
+    if result.session_bytes is not None:
+        metrics["memory.session_mb"] = result.session_bytes / MIB
     if result.latency is not None:
         metrics.update(result.latency.metrics())
     if result.overhead_ratio is not None:

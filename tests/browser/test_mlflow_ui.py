@@ -122,3 +122,28 @@ def test_the_study_report_on_the_parent_run_renders_offline(page, server, study,
     assert "tracker.fusions:AddEyeLike" in graph_changes and "EyeLike" in graph_changes
     page.screenshot(path=shots / "study_report.png")
     assert page.external_requests == []
+
+
+def test_the_link_a_study_logs_opens_its_run_in_the_runs_view_and_attempts_show_their_feeds(
+    page, server, study, shots, monkeypatch
+):
+    import mlflow
+
+    from tests.conftest import isolate_mlflow
+    from tracker.store import write
+
+    isolate_mlflow(monkeypatch)
+    client = mlflow.MlflowClient(study.uri)
+    mlflow.set_tracking_uri(server)  # the link as a study logging to this server writes it
+    link = write.run_link(client.get_run(study.study_run_id))
+    assert link.endswith("?workflowType=machine_learning")
+    open_ui(page, link, wait_for=study.name)
+    # The model-training view: the sidebar has the model registry, not the GenAI overview's observability pages.
+    page.get_by_role("link", name="Model registry").first.wait_for()
+    assert page.get_by_text("Observability", exact=True).count() == 0
+    page.screenshot(path=shots / "study_run_link.png")
+
+    open_ui(page, write.run_link(client.get_run(study.attempt_run_ids["baseline"])),
+            wait_for="session.create_ms")
+    page.get_by_text(f"{study.name}.feeds").first.wait_for()  # the run's dataset input
+    page.screenshot(path=shots / "attempt_run_dataset.png")

@@ -180,3 +180,18 @@ def test_help_says_what_passing_means(capsys):
         main(["compare", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "its accuracy check passed" in text and "'worse', 'same' and 'inconclusive' attempts pass" in text
+
+
+def test_a_study_run_id_alone_compares_that_study_as_study_run_does(tracking, capsys):
+    code, out, _ = compare(capsys, tracking.study_run_id, "--json", "--require", "baseline")
+    old_code, old_out, _ = compare(capsys, "--study-run", tracking.study_run_id, "--json", "--require", "baseline")
+    assert code == old_code == 0
+    assert json.loads(out) == json.loads(old_out)
+    assert [a["attempt"] for a in json.loads(out)["attempts"]] == ATTEMPTS
+
+
+def test_a_run_id_with_another_choice_of_runs_is_refused(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "0123456789abcdef", "--runs", "fedcba9876543210"])
+    assert exit_.value.code == 2
+    assert "argument --runs: not allowed with argument RUN_ID" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -15,9 +16,11 @@ import pandas as pd
 
 from tracker.measure.cpu_load import watch_cpu_load
 from tracker.measure.feeds import check_feeds
+from tracker.measure.feeds_description import FeedsDescription, describe_feeds
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
-from tracker.measure.latency import Latency, TimingConfig, time_runs
+from tracker.measure.latency import Latency, TimingConfig, time_once, time_runs
 from tracker.measure.lm_diff import LogitsDiff, LogitsTolerance
+from tracker.measure.memory import rss_growth
 from tracker.measure.model_io import load_model, ort_can_load
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import FP32, OutputDiff, Tolerance
@@ -143,10 +146,20 @@ class Attempt:
 
 @dataclass
 class AttemptResult:
-    """Everything measured about one attempt; `error` is set when the attempt failed."""
+    """Everything measured about one attempt; `error` is set when the attempt failed.
+
+    `session_create_ms`, `first_run_ms` and `session_bytes` are those of the session the latency loop
+    times (not of the profiled or interleaved ones). `session_bytes` is the growth of this process's
+    resident memory from just before that session (or evaluator) is made to just after its first run,
+    less the outputs of that run (`tracker.measure.memory.rss_growth`).
+    """
 
     attempt: Attempt
     graph: GraphStats | None = None
+    feeds: FeedsDescription | None = None
+    session_create_ms: float | None = None
+    first_run_ms: float | None = None
+    session_bytes: int | None = None
     latency: Latency | None = None
     profiled_latency: Latency | None = None
     profile_path: Path | None = None
@@ -222,12 +235,18 @@ def measure_attempt(
     workdir = Path(workdir)
     result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes(model)))
     result.ort_loadable = ort_can_load(model)
+    result.feeds = describe_feeds(feeds)
     steps = result.steps
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
-    with steps.step("session"):
-        run = runtime.runner(attempt, model)
+    warm_up(attempt.runtime)
+    with rss_growth() as growth:
+        with steps.step("session"):
+            run, result.session_create_ms = time_once(lambda: runtime.runner(attempt, model))
+        with steps.step("latency"):
+            result.outputs, result.first_run_ms = time_once(lambda: run(feeds))
+    # The outputs are the tracker's (kept for the diff), not the session's.
+    result.session_bytes = growth.bytes - sum(int(getattr(o, "nbytes", 0)) for o in result.outputs)
     with steps.step("latency"):
-        result.outputs = run(feeds)
         result.latency = _undisturbed(result, "latency", lambda: time_runs(lambda: run(feeds), config.timing))
         for label, extra in latency_feeds.items():
             logger.info("attempt %s: timing %s", attempt.name, label)
@@ -277,6 +296,21 @@ def time_against(
             runtime that `needs_weights`).
     """
     return measure_speedup(_sessions(baseline, None, feeds), _sessions(attempt, model, feeds), config)
+
+
+@functools.cache  # once per process and runtime
+def warm_up(runtime: str) -> None:
+    """Pays a runtime's once-per-process costs on a one-node model: its import, its environment, its first
+    kernels (~30 MiB for ONNX Runtime). The first attempt's session is then measured for what it holds
+    itself, as every later one is."""
+    from onnx import TensorProto, helper
+
+    value = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "warm_up", [value],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    run = get_runtime(runtime).runner(Attempt(name="warm_up", model=model, runtime=runtime), model)
+    run({"x": np.zeros(1, dtype=np.float32)})
 
 
 def _sessions(attempt: Attempt, model: onnx.ModelProto | None, feeds: Mapping[str, np.ndarray]) -> MakeRunner:

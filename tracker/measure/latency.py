@@ -6,10 +6,13 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,3 +102,10 @@ def time_runs(run_once: Callable[[], object], config: TimingConfig) -> Latency:
             logger.info("timing: %d runs, %.1f s", len(durations), t1 - start)
             last_report = t1
     return Latency.from_values(durations)
+
+
+def time_once(call: Callable[[], T]) -> tuple[T, float]:
+    """Calls `call` once: (what it returned, its wall time in milliseconds)."""
+    start = time.perf_counter()
+    value = call()
+    return value, (time.perf_counter() - start) * 1e3

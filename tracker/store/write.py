@@ -6,6 +6,7 @@ Connecting is `tracker.store.connect`'s; reading studies back (for `tracker comp
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import mlflow
+import numpy as np
 import onnx
 import pandas as pd
+from mlflow.data.meta_dataset import MetaDataset
 
 from tracker.keys import (
     NO_BEST,
@@ -34,13 +37,15 @@ from tracker.keys import (
     TAG_SUPERSEDED_BY,
     TAG_UPLOADED_FROM,
     TAG_UPLOADED_LATER,
+    feeds_dataset_name,
+    logged_model_name,
     sanitize_key,
 )
 from tracker.measure.model_io import load_model
 from tracker.measure.steps import StepTimes
 from tracker.profile import columns as C
 from tracker.record import AttemptRecord
-from tracker.redaction import without_credentials
+from tracker.redaction import redact_uri, without_credentials
 from tracker.store.connect import ensure_reachable
 from tracker.termination import deferred, defers_sigterm
 
@@ -79,16 +84,17 @@ def study_run(
             run = mlflow.start_run(run_name=study, nested=nested)
             mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **tags})
             mlflow.log_params(dict(params))
-        link = run_link(run)
-        if link:
-            logger.info("study %s: view it at %s", study, link)
+        if _on_server():  # its runs can be watched there while the study runs
+            logger.info("study %s: view it at %s", study, run_link(run))
         yield run
     except BaseException:
         if run is not None:
             end_run_quietly("FAILED")
+            logger.info("study %s failed: %s", study, _view_hint(run))
         raise
     else:
         end_run_quietly("FINISHED")
+        logger.info("study %s: %s", study, _view_hint(run))
 
 
 @contextlib.contextmanager
@@ -121,12 +127,29 @@ def attempt_run(
         raise
 
 
-def run_link(run: mlflow.ActiveRun) -> str | None:
-    """The UI page of a run on a tracking server, without any credentials; None for a local store."""
-    uri = mlflow.get_tracking_uri()
-    if not uri.startswith(("http://", "https://")):
-        return None
-    return f"{without_credentials(uri).rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+# MLflow 3.17 opens an experiment on its GenAI overview (traces, an empty dashboard) unless the URL asks for
+# the model-training view; the experiment tag `mlflow.experimentKind` does not change that.
+RUNS_VIEW = "workflowType=machine_learning"
+LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store by default
+
+
+def run_link(run: mlflow.ActiveRun) -> str:
+    """The UI page of a run, in the model-training view, without any credentials: on the tracking server,
+    or for a local store on `mlflow ui`'s default address."""
+    base = without_credentials(mlflow.get_tracking_uri()).rstrip("/") if _on_server() else LOCAL_UI
+    return f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?{RUNS_VIEW}"
+
+
+def _view_hint(run: mlflow.ActiveRun) -> str:
+    """Where to see a study's run: its link, and for a local store the command that serves it."""
+    if _on_server():
+        return f"view it at {run_link(run)}"
+    return (f"view it at {run_link(run)} after `mlflow ui --backend-store-uri "
+            f"{redact_uri(mlflow.get_tracking_uri())}`")
+
+
+def _on_server() -> bool:
+    return mlflow.get_tracking_uri().startswith(("http://", "https://"))
 
 
 @defers_sigterm
@@ -160,7 +183,8 @@ def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> None
         _log_record_data(record)
     if record.model_path:
         with steps.step("model_logging"):
-            _log_model_file(Path(record.model_path), flavor=record.model_flavor)
+            _log_model_file(Path(record.model_path), flavor=record.model_flavor, study=record.study,
+                            attempt=record.attempt)
     if record.status == "FAILED":
         log_failure(record.error or "failed", record.traceback)
 
@@ -179,6 +203,8 @@ def _log_record_data(record: AttemptRecord) -> None:
             mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
     for path, folder in record.files.items():
         mlflow.log_artifact(path, folder)
+    if record.feeds is not None:
+        mlflow.log_input(_feeds_dataset(record), context="inference")
 
 
 def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -190,13 +216,49 @@ def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
     return table.astype(object).where(table.notna(), None)
 
 
-def _log_model_file(path: Path, *, flavor: bool) -> None:
+class _FeedsDataset(MetaDataset):
+    """An MLflow dataset that holds a description only (`MetaDataset`), with a profile the UI shows."""
+
+    def __init__(self, source, *, name: str, digest: str, schema, profile: dict[str, object]) -> None:
+        self._profile = profile
+        super().__init__(source, name=name, digest=digest, schema=schema)
+
+    @property
+    def profile(self) -> dict[str, object]:
+        return self._profile
+
+    def to_dict(self) -> dict[str, str]:
+        return {**super().to_dict(), "profile": json.dumps(self._profile)}
+
+
+def _feeds_dataset(record: AttemptRecord) -> _FeedsDataset:
+    """The record's feeds as an MLflow dataset: names, dtypes and shapes as a tensor schema and a profile,
+    and the digest of their values; the arrays themselves stay out of the store."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.types import Schema, TensorSpec
+
+    feeds = record.feeds
+    # numpy's fixed-width strings have no TensorSpec type; ONNX Runtime takes strings as objects anyway
+    schema = Schema([TensorSpec(np.dtype(object if np.dtype(s.dtype).kind in "OSU" else s.dtype), tuple(s.shape),
+                                s.name) for s in feeds.inputs])
+    # The UI lists a profile's entries as "key: value": one line per input, then the totals.
+    profile = {**{s.name: s.describe() for s in feeds.inputs}, "total inputs": len(feeds.inputs),
+               "total nbytes": feeds.nbytes}
+    # The same source whether the run is logged live or uploaded later: the study (or lone attempt) it ran in.
+    source = CodeDatasetSource({TAG_STUDY: record.study} if record.study else {TAG_ATTEMPT: record.attempt})
+    return _FeedsDataset(source, name=feeds_dataset_name(record.study, record.attempt), digest=feeds.digest,
+                         schema=schema, profile=profile)
+
+
+def _log_model_file(path: Path, *, flavor: bool, study: str | None, attempt: str) -> None:
     if flavor:
         # No input_example: it would make MLflow load and run the model once more.
         model = load_model(path, check=False)  # by content: a protobuf named .json too
+        tags = {TAG_ATTEMPT: attempt, **({TAG_STUDY: study} if study else {})}
         mlflow.onnx.log_model(
             onnx_model=model,
-            name="model",
+            name=logged_model_name(study, attempt),
+            tags=tags,
             signature=_signature(model),
             pip_requirements=_pip_requirements(),
             onnx_execution_providers=["CPUExecutionProvider"],
