@@ -19,14 +19,15 @@ from tracker.measure.feeds import check_feeds
 from tracker.measure.feeds_description import FeedsDescription, describe_feeds
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.measure.latency import Latency, TimingConfig, time_once, time_runs
-from tracker.measure.lm_diff import LogitsDiff, LogitsTolerance
+from tracker.measure.lm_diff import LogitsDiff
 from tracker.measure.memory import rss_growth
 from tracker.measure.model_io import load_model, ort_can_load
 from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.output_diff import FP32, OutputDiff, Tolerance
+from tracker.measure.output_diff import FP32, OutputDiff
 from tracker.measure.runtime import get_runtime
 from tracker.measure.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
 from tracker.measure.steps import StepTimes
+from tracker.measure.task_diff import TaskTolerance
 from tracker.profile import aggregate
 from tracker.profile.parse import Profile, parse_profile
 
@@ -113,7 +114,7 @@ class Attempt:
     runtime: str = "onnxruntime"
     session: SessionConfig = field(default_factory=SessionConfig)
     new_ops: tuple[type, ...] = ()
-    tolerance: Tolerance | LogitsTolerance = FP32
+    tolerance: TaskTolerance = FP32
     description: str = ""
     params: Mapping[str, str] = field(default_factory=dict)
     metrics: Mapping[str, float] = field(default_factory=dict)
