@@ -167,3 +167,19 @@ def test_the_quantization_entries_are_not_among_the_gpt2_study_defaults():
 
     assert not {*STATIC, *INT4} & set(DEFAULT_ATTEMPTS)
     assert {REGISTRY[name].kind for name in [*STATIC, *INT4]} == {"quantization"}
+
+
+@pytest.mark.parametrize("name", ["int8_static_minmax", "int4_block32"])
+def test_a_source_with_external_weights_is_pre_processed_with_them(tmp_path, caplog, name):
+    # quant_pre_process once logged "Model Optimization Failed!" and went on unoptimized when the source's
+    # weights were in a side file: ORT's optimized copy pointed at a data file that was not beside it.
+    source = tmp_path / "source" / "mlp.onnx"
+    source.parent.mkdir()
+    onnx.save_model(make_mlp(), str(source), save_as_external_data=True, location="mlp.onnx.data",
+                    size_threshold=0)
+    feeds = {"X": np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)}
+    with caplog.at_level(logging.ERROR):
+        candidate = apply(name, source, tmp_path / "out", Context(feeds=feeds))
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+    assert candidate.applied
+    np.testing.assert_allclose(_outputs(candidate.path, feeds)[0], _outputs(source, feeds)[0], atol=0.5)

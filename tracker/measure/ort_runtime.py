@@ -19,6 +19,7 @@ from tracker.measure.latency import Latency
 logger = logging.getLogger(__name__)
 
 OPT_LEVELS = ("disable", "basic", "extended", "layout", "all")
+EXECUTION_MODES = ("sequential", "parallel")
 
 
 def _default_threads() -> int:
@@ -33,13 +34,16 @@ class SessionConfig:
         graph_optimization_level: ORT's session-time graph optimizations, one of OPT_LEVELS
             ("all" is ORT's own default).
         intra_op_num_threads: threads inside one kernel (default: the machine's core count).
-        inter_op_num_threads: threads across independent nodes (sequential execution uses 1).
+        inter_op_num_threads: threads across independent nodes (used by parallel execution only).
+        execution_mode: "sequential" (ORT's default: one node at a time) or "parallel" (independent
+            branches of the graph at once, on `inter_op_num_threads` threads).
         providers: execution providers, in priority order.
     """
 
     graph_optimization_level: str = "all"
     intra_op_num_threads: int = field(default_factory=_default_threads)
     inter_op_num_threads: int = 1
+    execution_mode: str = "sequential"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
 
     def __post_init__(self) -> None:
@@ -47,6 +51,8 @@ class SessionConfig:
             raise ValueError(
                 f"graph_optimization_level must be one of {OPT_LEVELS}, got {self.graph_optimization_level!r}"
             )
+        if self.execution_mode not in EXECUTION_MODES:
+            raise ValueError(f"execution_mode must be one of {EXECUTION_MODES}, got {self.execution_mode!r}")
         if self.intra_op_num_threads < 1 or self.inter_op_num_threads < 1:
             raise ValueError(
                 "thread counts must be >= 1 (explicit, so they can be recorded), got "
@@ -58,6 +64,7 @@ class SessionConfig:
             "ort.graph_optimization_level": self.graph_optimization_level,
             "ort.intra_op_num_threads": str(self.intra_op_num_threads),
             "ort.inter_op_num_threads": str(self.inter_op_num_threads),
+            "ort.execution_mode": self.execution_mode,
             "ort.providers": ",".join(self.providers),
         }
 
@@ -101,7 +108,10 @@ def make_session(
     }[config.graph_optimization_level]
     options.intra_op_num_threads = config.intra_op_num_threads
     options.inter_op_num_threads = config.inter_op_num_threads
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.execution_mode = {
+        "sequential": ort.ExecutionMode.ORT_SEQUENTIAL,
+        "parallel": ort.ExecutionMode.ORT_PARALLEL,
+    }[config.execution_mode]
     options.log_severity_level = 3
     if stop_spinning_after_run:
         options.add_session_config_entry("session.force_spinning_stop", "1")

@@ -22,6 +22,7 @@ REGISTRY: dict[str, Entry] = {
         session_levels.DISABLED,
         session_levels.ENABLED,
         session_options.THREADS_1,
+        session_options.PARALLEL,
         ort_optimizer.BASIC,
         fp16.ENTRY,
         ort_optimizer.EXTENDED,

@@ -96,14 +96,19 @@ def pre_process(source: Path, target: Path, *, shape_inference: bool, large: boo
     """
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    # A source whose weights lie in a side file must be written the same way: ORT's optimized copy would
+    # otherwise point at the source's data file name from the temporary folder, where it is not, and
+    # quant_pre_process would log the failure and go on without optimizing.
+    external = large or any(t.data_location == onnx.TensorProto.EXTERNAL
+                            for t in onnx.load_model(str(source), load_external_data=False).graph.initializer)
     quant_pre_process(
         source,
         target,
         skip_symbolic_shape=True,
         skip_onnx_shape=not shape_inference,
-        save_as_external_data=large,
+        save_as_external_data=external,
         all_tensors_to_one_file=True,
-        external_data_location=f"{target.name}.data" if large else None,
+        external_data_location=f"{target.name}.data" if external else None,
     )
 
 
