@@ -134,6 +134,8 @@ def test_a_bert_encoder_is_judged_as_an_embedding_int8_passes_and_attention_fuse
     assert fused["fusion.MultiHeadAttention"] + fused.get("fusion.Attention", 0) == BERT_LAYERS
     assert runs["attention_fused"].data.metrics["diff.cosine_min"] >= 0.999999
     assert "best:" in done.stdout
+    int8_line = next(line for line in done.stdout.splitlines() if " int8_dynamic " in line)
+    assert " cos 0.9" in int8_line or " cos 1.0" in int8_line, int8_line
 
 
 def test_dry_run_lists_what_would_run_and_why_the_others_do_not_and_logs_nothing(tmp_path, classifier):

@@ -140,6 +140,7 @@ def row_from_run(run: FetchedRun) -> AttemptRow:
         diff_passed=diff_passed,
         diff_max_abs=metrics.get("diff.max_abs"),
         top1_agreement=metrics.get("diff.top1_agreement"),
+        cosine_min=metrics.get("diff.cosine_min"),
         size_bytes=_int(metrics.get("model.size_bytes")),
         node_count=_int(metrics.get("graph.node_count")),
         error=error,
@@ -178,6 +179,8 @@ def format_table(comparison: Comparison) -> str:
             f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g})")
         if r.top1_agreement is not None:
             accuracy += f" top1 {r.top1_agreement:.1%}"
+        if r.cosine_min is not None:
+            accuracy += f" cos {r.cosine_min:.4f}"
         interval = "-" if r.speedup_ci_low is None else (
             f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}]")
         detects = "-" if r.speedup_mde is None or r.verdict == "baseline" else f"\u00b1{r.speedup_mde:.1%}"

@@ -33,13 +33,14 @@ SPEEDUP_VS_BASELINE = "speedup_vs_baseline"  # plain ratio of the two p50s (`spe
 DISTURBED = "disturbed"  # measuring steps other processes disturbed ("latency,profiling"), else None
 DIFF_PASSED = "diff_passed"
 DIFF_MAX_ABS = "diff_max_abs"
-TOP1 = "top1_agreement"  # language-model checks only
+TOP1 = "top1_agreement"  # language-model and classification checks
+COSINE = "cosine_min"  # embedding checks
 SIZE_BYTES = "size_bytes"
 NODE_COUNT = "node_count"
 ERROR = "error"
 RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
-                   SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, SIZE_BYTES,
+                   SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, COSINE, SIZE_BYTES,
                    NODE_COUNT, ERROR, RUN_ID)
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
@@ -69,6 +70,7 @@ class AttemptRow:
     diff_passed: bool | None = None
     diff_max_abs: float | None = None
     top1_agreement: float | None = None
+    cosine_min: float | None = None
     size_bytes: int | None = None
     node_count: int | None = None
     error: str | None = None
@@ -152,6 +154,7 @@ def rows_from_results(
             diff_passed=passed,
             diff_max_abs=float(diff.max_abs) if diff is not None else None,
             top1_agreement=getattr(diff, "top1_agreement", None),
+            cosine_min=getattr(diff, "cosine_min", None),
             size_bytes=r.graph.size_bytes if r.graph else None,
             node_count=r.graph.node_count if r.graph else None,
             error=r.error,

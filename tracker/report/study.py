@@ -15,6 +15,7 @@ from tracker.measure.speedup import describe
 from tracker.report.page import write_page
 from tracker.report.rows import (
     BEST,
+    COSINE,
     DIFF_MAX_ABS,
     DIFF_PASSED,
     DISTURBED,
@@ -229,6 +230,8 @@ def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
             accuracy = f"{mark}, max |diff| {_num(row[DIFF_MAX_ABS], '.2g')}"
             if _present(row[TOP1]):
                 accuracy += f", top-1 {row[TOP1]:.1%}"
+            if _present(row[COSINE]):
+                accuracy += f", cosine &ge; {row[COSINE]:.4f}"
         else:
             accuracy = _NA
         cells = [("&#9733; " if row[BEST] else "") + _e(label), _e(row[RUNTIME]) if _present(row[RUNTIME]) else "",
