@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlflow
+import numpy as np
 import onnx
 from mlflow import MlflowClient
 
@@ -30,11 +31,30 @@ def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, 
     assert run.info.run_id in out
 
 
-def test_profile_without_a_size_for_a_symbolic_dim_names_the_dim(tmp_path, capsys):
+def test_profile_with_a_size_for_a_dim_the_model_does_not_have_names_its_dims(tmp_path, capsys):
     path = tmp_path / "linear.onnx"
     onnx.save(make_linear_model(n_features=16), str(path))
-    assert main(["profile", str(path)]) == 2
-    assert "'N'" in capsys.readouterr().err
+    assert main(["profile", str(path), "--dim", "seq=3"]) == 2
+    assert "the model's symbolic dims are ['N']" in capsys.readouterr().err
+
+
+def test_profile_takes_the_users_feeds_and_names_the_run_after_the_file(tmp_path, monkeypatch, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    path = tmp_path / "my encoder.onnx"
+    onnx.save(make_linear_model(n_features=16), str(path))
+    np.save(tmp_path / "x.npy", np.ones((5, 16), dtype=np.float32))
+    code = main(["profile", str(path), "--feeds", str(tmp_path / "x.npy"), "--runs", "3", "--min-seconds", "0",
+                 "--opt-level", "disable",
+                 "--experiment", "cli"])
+    assert code == 0, capsys.readouterr().err
+    client = MlflowClient(tracking_uri=uri)
+    run = client.search_runs([client.get_experiment_by_name("cli").experiment_id])[0]
+    assert run.info.run_name == "my_encoder"
+    assert run.data.metrics["op.EyeLike.calls"] == 2  # 3 runs, the warm-up left out
+    assert [(i.dataset.name, i.dataset.profile) for i in run.inputs.dataset_inputs][0][1].count("5, 16") == 1
 
 
 def test_profile_of_a_file_that_is_not_onnx_is_a_clear_error(tmp_path, capsys):

@@ -44,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="profile a model file and log it as an attempt")
     p.add_argument("model", help="ONNX model file")
+    p.add_argument("--feeds", default="", metavar="FILE",
+                   help=".npz of arrays by input name, or .npy for a one-input model (default: generated)")
     _add_feed_options(p)
-    p.add_argument("--name", default="attempt", help="attempt name (the run name)")
+    p.add_argument("--name", default="", help="attempt name, the run name (default: the model file's stem)")
     p.add_argument("--runs", type=int, default=20, help="profiled runs (the first is dropped from tables)")
     p.add_argument("--opt-level", choices=("disable", "basic", "extended", "layout", "all"), default="all")
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: core count)")
@@ -250,27 +252,32 @@ def _table(summary) -> str:
 def _profile(args: argparse.Namespace) -> int:
     from tracker.api import log_attempt
     from tracker.measure.attempt import MeasureConfig
-    from tracker.measure.feeds import make_feeds
+    from tracker.measure.feeds import load_feeds, make_feeds
     from tracker.measure.latency import TimingConfig
     from tracker.measure.model_io import check_ort_ops, load_model
     from tracker.measure.ort_runtime import SessionConfig
+    from tracker.studies.own import default_name
 
     model = load_model(args.model)
     check_ort_ops(model, source=repr(args.model))  # before any run is made
-    feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
+    if args.feeds:
+        feeds = load_feeds(args.feeds, model)
+    else:
+        feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
+    name = args.name or default_name(args.model)
     session = SessionConfig(graph_optimization_level=args.opt_level,
                             **({"intra_op_num_threads": args.threads} if args.threads else {}))
     config = MeasureConfig(profile_runs=args.runs, skip_runs=1 if args.runs > 1 else 0,
                            timing=TimingConfig(min_seconds=args.min_seconds))
-    result = log_attempt(args.model, feeds, name=args.name, experiment=args.experiment, config=config,
+    result = log_attempt(args.model, feeds, name=name, experiment=args.experiment, config=config,
                          session=session)
     if result.run_id is None:
         failed = f" (and the attempt failed: {result.error})" if not result.ok else ""
-        print(f"error: attempt {args.name} could not be logged{failed}; it is kept in {result.outbox}: send it "
+        print(f"error: attempt {name} could not be logged{failed}; it is kept in {result.outbox}: send it "
               f"with `tracker upload {result.outbox}` once the tracking store answers", file=sys.stderr)
         return 2
     if not result.ok:
-        print(f"error: attempt {args.name} failed: {result.error}", file=sys.stderr)
+        print(f"error: attempt {name} failed: {result.error}", file=sys.stderr)
         return 1
     from tracker.profile import aggregate
 

@@ -25,6 +25,12 @@ from tracker.report.rows import pick_best, rows_from_results
 logger = logging.getLogger(__name__)
 
 
+def default_name(model: str | Path) -> str:
+    """The run name a model file gets: its stem, with the characters a run name cannot hold made `_`."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(model).stem)[:100]
+    return stem if stem and stem[0] not in ".-" else f"model{stem}"[:100]
+
+
 @dataclass(frozen=True)
 class OwnModelConfig:
     """What `tracker optimize` was asked to do.
@@ -65,8 +71,8 @@ class OwnModelConfig:
 
     @property
     def study_name(self) -> str:
-        """`name`, else the model's file stem with the characters a run name cannot hold made `_`."""
-        return self.name or re.sub(r"[^A-Za-z0-9_.-]", "_", Path(self.model).stem)[:100] or "model"
+        """`name`, else `default_name(model)`."""
+        return self.name or default_name(self.model)
 
 
 @dataclass(frozen=True)
