@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import mlflow
+from mlflow import MlflowClient
 import numpy as np
 import pytest
 
@@ -75,3 +76,18 @@ def model():
 @pytest.fixture
 def feeds():
     return {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A sqlite tracking store of its own, made the active one; a client of it. (Some modules define their own.)"""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    # MLflow keeps the active experiment id of the previous test's store in a module global.
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
+    mlflow.set_tracking_uri(uri)  # code under test sets it too; a test's own runs must go there as well
+    yield MlflowClient(tracking_uri=uri)
+    while mlflow.active_run():
+        mlflow.end_run()

@@ -17,20 +17,6 @@ FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
 
 
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    # MLflow keeps the active experiment id of the previous test's store in a module global.
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
-    mlflow.set_tracking_uri(uri)  # code under test sets it too; a test's own runs must go there as well
-    yield MlflowClient(tracking_uri=uri)
-    while mlflow.active_run():
-        mlflow.end_run()
-
-
 def runs_of(client: MlflowClient, experiment: str) -> dict[str, object]:
     exp = client.get_experiment_by_name(experiment)
     return {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}

@@ -252,7 +252,8 @@ def _table(summary) -> str:
 def _profile(args: argparse.Namespace) -> int:
     from tracker.api import log_attempt
     from tracker.measure.attempt import MeasureConfig
-    from tracker.measure.feeds import load_feeds, make_feeds
+    from tracker.measure.feed_files import load_feeds
+    from tracker.measure.feeds import make_feeds
     from tracker.measure.latency import TimingConfig
     from tracker.measure.model_io import check_ort_ops, load_model
     from tracker.measure.ort_runtime import SessionConfig

@@ -24,10 +24,10 @@ from tracker.measure.feeds import (
     feed_rules,
     index_tables,
     input_specs,
-    load_feeds,
     make_feeds,
     symbolic_dims,
 )
+from tracker.measure.feed_files import load_feeds
 from tracker.optimize.add_eyelike import make_linear_model
 
 

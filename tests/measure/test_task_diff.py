@@ -7,11 +7,9 @@ import copy
 import math
 import warnings
 
-import mlflow
 import numpy as np
 import onnxruntime as ort
 import pytest
-from mlflow import MlflowClient
 
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.lm_diff import LOGITS_TOLERANCES
@@ -395,19 +393,6 @@ def test_an_output_of_four_axes_is_not_an_embedding():
 
 
 # -- in a study ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def store(tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    mlflow.set_tracking_uri(uri)
-    yield MlflowClient(tracking_uri=uri)
-    while mlflow.active_run():
-        mlflow.end_run()
 
 
 def test_a_study_logs_the_task_check_and_rejects_by_it(store):

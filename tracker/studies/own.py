@@ -13,7 +13,8 @@ import numpy as np
 
 from tracker.api import Study
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.feeds import load_feeds, make_feeds
+from tracker.measure.feed_files import load_feeds
+from tracker.measure.feeds import make_feeds
 from tracker.measure.model_io import check_ort_ops, load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.task_diff import TASKS, task_tolerances
