@@ -177,7 +177,7 @@ def test_the_optimize_entry_point_of_mlflow_run_optimizes_the_given_model(tmp_pa
     from tests.studies.test_studies import mlflow_run, runs_by_name
 
     client = mlflow_run(tmp_path, "optimize", "-P", f"model={classifier}", "-P", "task=classification",
-                        "-P", f"feeds={classifier.parent / 'feeds.npz'}", "-P", "skip=ort_threads_1")
+                        "-P", f"feeds={classifier.parent / 'feeds.npz'}", "-P", "skip=ort_threads_1,ort_parallel")
     runs = runs_by_name(client)
     assert runs["iris-classifier"].data.params["task"] == "classification"
     assert {"iris-classifier", "baseline", "ort_opt_disabled", "ort_opt_enabled"} == set(runs)
