@@ -178,3 +178,17 @@ def test_study_optimize_rejects_an_unknown_entry_before_any_run(store, model, fe
         with pytest.raises(ValueError, match="unknown optimization 'turbo'; registered: ort_opt_disabled"):
             study.optimize("turbo", model)
     assert set(runs_of(store, "api")) == {"s"}
+
+
+def test_feeds_with_an_id_outside_the_table_it_indexes_fail_the_attempt_naming_it(store, tmp_path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    table = numpy_helper.from_array(np.ones((4, 3), dtype=np.float32), "table")
+    graph = helper.make_graph([helper.make_node("Gather", ["table", "ids"], ["out"], name="lookup")], "g",
+                              [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])], [table])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with Study("s", feeds={"ids": np.array([0, 9], dtype=np.int64)}, experiment="api", config=FAST) as study:
+        result = study.attempt("baseline", model)
+    assert not result.ok
+    assert "'ids' holds values in [0, 9] but indexes 'table', a table of 4 rows" in result.error

@@ -15,7 +15,7 @@ import onnx
 import pandas as pd
 
 from tracker.measure.cpu_load import watch_cpu_load
-from tracker.measure.feeds import check_feeds
+from tracker.measure.feeds import check_feeds, check_indices
 from tracker.measure.feeds_description import FeedsDescription, describe_feeds
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.measure.latency import Latency, TimingConfig, time_once, time_runs
@@ -233,6 +233,7 @@ def measure_attempt(
     latency_feeds = dict(latency_feeds or {})
     for extra in (feeds, *latency_feeds.values()):
         check_feeds(model, extra)
+        check_indices(model, extra)  # an id outside its table would crash ONNX Runtime mid-measurement
     workdir = Path(workdir)
     result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes(model)))
     result.ort_loadable = ort_can_load(model)
