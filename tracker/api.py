@@ -19,6 +19,7 @@ from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
 from tracker.measure.machine import MachinePeaks, measure_machine
+from tracker.measure.memory import release_free_memory
 from tracker.measure.model_io import load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import TOLERANCES
@@ -384,7 +385,8 @@ def run_attempt(
         result.error = _mark_failed(record, e)
     record.tags.update(tags or {})
     result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
-    _release_memory()
+    # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
+    release_free_memory()
     return result
 
 
@@ -409,19 +411,6 @@ def _measure_machine() -> MachinePeaks | None:
     except Exception as e:
         logger.warning("could not measure the machine's peaks (%s: %s); no roofs this study", type(e).__name__, e)
         return None
-
-
-def _release_memory() -> None:
-    """Hands freed memory back to the OS between attempts: after a GPT-2 attempt (sessions, model
-    copies) glibc keeps gigabytes in its per-thread arenas otherwise."""
-    import ctypes
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
 
 
 def _mark_failed(record: AttemptRecord, error: BaseException) -> str:
