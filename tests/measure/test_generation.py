@@ -1,0 +1,136 @@
+"""The generation scenario on the tiny GPT-2's decode-ready export: the figures, the A/A check (the model against
+itself), a broken model's check, the interleaved decode step, and what is refused before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tracker.measure.generation import (  # noqa: E402
+    DecoderSession,
+    GenerationConfig,
+    compare_generations,
+    measure_generation,
+)
+from tracker.measure.latency import TimingConfig  # noqa: E402
+from tracker.measure.ort_runtime import SessionConfig  # noqa: E402
+from tracker.measure.speedup import SpeedupConfig  # noqa: E402
+
+SESSION = SessionConfig()
+FAST = GenerationConfig(
+    prefill_lens=(8, 32),
+    decode_past_lens=(8, 32, 128),
+    prompt_len=8,
+    new_tokens=16,
+    generation_runs=2,
+    speedup_past_len=None,
+    timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder(tmp_path_factory):
+    from tracker.gpt2.decode import export_decoder
+    from tracker.gpt2.model import load_gpt2
+
+    return export_decoder(load_gpt2(size="tiny", seed=0), tmp_path_factory.mktemp("gen") / "decoder.onnx")
+
+
+@pytest.fixture(scope="module")
+def measured(tiny_decoder):
+    return measure_generation(tiny_decoder.path, session=SESSION, config=FAST, max_positions=tiny_decoder.max_positions)
+
+
+def with_perturbed_lm_head(path, *, std: float, seed: int = 0) -> onnx.ModelProto:
+    """The model with seeded noise added to its logits: the lm_head given a random bias."""
+    model = onnx.load(str(path))
+    vocab = model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    for node in model.graph.node:
+        node.output[:] = ["logits_raw" if o == "logits" else o for o in node.output]
+    noise = np.random.default_rng(seed).normal(0.0, std, vocab).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(noise, "lm_head_noise"))
+    model.graph.node.append(helper.make_node("Add", ["logits_raw", "lm_head_noise"], ["logits"], name="lm_head_noise"))
+    return model
+
+
+def test_every_figure_is_named_and_positive(measured):
+    metrics = measured.metrics()
+    expected = {"gen.prefill.s8.p50_ms", "gen.prefill.s32.p50_ms", "gen.decode.past8.p50_ms",
+                "gen.decode.past32.p50_ms", "gen.decode.past128.p50_ms", "gen.ttft_ms", "gen.tokens_per_s",
+                "gen.decode_tokens_per_s"}
+    assert set(metrics) == expected
+    assert all(np.isfinite(v) and v > 0 for v in metrics.values()), metrics
+
+
+def test_the_figures_are_ordered_as_they_must_be(measured):
+    for latency in (*measured.prefill.values(), *measured.decode.values()):
+        assert latency.runs >= FAST.timing.min_runs
+        assert 0 < latency.min_ms <= latency.p50_ms <= latency.p90_ms <= latency.max_ms
+    # the first token is part of each generation, so its median cannot exceed the whole generation's
+    assert measured.ttft_ms <= 1e3 * FAST.new_tokens / measured.tokens_per_s
+    assert measured.generation.tokens.shape == (1, FAST.new_tokens)
+    assert measured.generation.tokens.min() >= 0 and measured.generation.tokens.max() < 1000
+
+
+def test_the_model_against_itself_agrees_on_every_token_with_no_divergence(tiny_decoder, measured):
+    again = measure_generation(tiny_decoder.path, session=SESSION, config=FAST)
+    diff = compare_generations(measured.generation, again.generation)
+    assert diff.token_agreement == 1.0
+    assert diff.first_divergence == FAST.new_tokens
+    assert diff.first_step_kl == pytest.approx(0.0, abs=1e-12)
+    assert diff.first_step_max_abs == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_perturbed_lm_head_disagrees_with_the_baseline(tiny_decoder, measured):
+    broken = with_perturbed_lm_head(tiny_decoder.path, std=1.0)
+    diff = compare_generations(measured.generation, measure_generation(broken, session=SESSION, config=FAST).generation)
+    assert diff.token_agreement < 1.0
+    assert diff.first_divergence < FAST.new_tokens
+    assert diff.first_step_kl > 1e-2
+    assert diff.metrics()["gen.token_agreement"] == diff.token_agreement
+
+
+def test_the_decode_step_is_timed_interleaved_against_a_baseline(tiny_decoder):
+    config = GenerationConfig(prefill_lens=(8,), decode_past_lens=(32,), prompt_len=4, new_tokens=4,
+                              generation_runs=1, speedup_past_len=32, timing=FAST.timing)
+    quick = SpeedupConfig(rounds=4, max_rounds=4, seconds=0.0, round_seconds=0.0, min_pairs=3, block_ms=2.0)
+    result = measure_generation(tiny_decoder.path, session=SESSION, config=config, baseline=tiny_decoder.path,
+                                speedup=quick)
+    assert result.speedup is not None and result.speedup.rounds == 4
+    metrics = result.metrics()
+    assert metrics["gen.decode.past32.speedup_ci_low"] <= metrics["gen.decode.past32.speedup"]
+    assert metrics["gen.decode.past32.speedup"] <= metrics["gen.decode.past32.speedup_ci_high"]
+
+
+def test_lengths_beyond_the_position_table_are_refused_before_anything_runs(tiny_decoder):
+    config = GenerationConfig(decode_past_lens=(32, 512), speedup_past_len=None)
+    with pytest.raises(ValueError, match="256 positions.*past plus one token"):
+        measure_generation(tiny_decoder.path, session=SESSION, config=config, max_positions=256)
+
+
+def test_a_forward_only_model_is_not_decode_ready():
+    ids = helper.make_tensor_value_info("input_ids", onnx.TensorProto.INT64, ["batch", "seq"])
+    logits = helper.make_tensor_value_info("logits", onnx.TensorProto.INT64, ["batch", "seq"])
+    graph = helper.make_graph([helper.make_node("Identity", ["input_ids"], ["logits"])], "g", [ids], [logits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(ValueError, match="decode-ready"):
+        DecoderSession.open(model, SESSION)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"prefill_lens": ()}, id="no-prefill"),
+        pytest.param({"decode_past_lens": (0,)}, id="past-0"),
+        pytest.param({"new_tokens": 0}, id="no-new-tokens"),
+        pytest.param({"speedup_past_len": 64}, id="speedup-past-not-timed"),
+    ],
+)
+def test_the_config_refuses_what_it_cannot_measure(kwargs):
+    with pytest.raises(ValueError):
+        GenerationConfig(**kwargs)
