@@ -12,7 +12,8 @@ import argparse
 import sys
 
 from tracker.experiment_args import add_measure_args, measure_config, session_config, setup_logging
-from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, GPT2StudyConfig, run_gpt2_study
+from tracker.measure.generation import GenerationConfig
+from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, SCENARIOS, GPT2StudyConfig, run_gpt2_study
 from tracker.termination import handle_sigterm
 
 
@@ -26,14 +27,25 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attempts", default="all",
                         help=f"comma-separated registry entries, or 'all' ({','.join(DEFAULT_ATTEMPTS)})")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scenarios", default="forward",
+                        help=f"comma-separated, some of {','.join(SCENARIOS)} (forward always runs)")
+    parser.add_argument("--gen-past-lens", default="32,128,512",
+                        help="generation: past lengths of the decode step; the largest is timed against the baseline")
+
+
+def _ints(value: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise SystemExit(f"{option} expects comma-separated integers, got {value!r}") from None
 
 
 def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
-    try:
-        seq_lens = tuple(int(v) for v in args.seq_lens.split(",") if v.strip())
-    except ValueError:
-        raise SystemExit(f"--seq-lens expects comma-separated integers, got {args.seq_lens!r}") from None
+    seq_lens = _ints(args.seq_lens, "--seq-lens")
+    past_lens = _ints(args.gen_past_lens, "--gen-past-lens")
+    scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
     attempts = None if args.attempts.strip() in ("", "all") else tuple(a.strip() for a in args.attempts.split(","))
+    measure = measure_config(args)
     return GPT2StudyConfig(
         model=args.model or None,
         size=args.size,
@@ -43,8 +55,11 @@ def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
         headline_seq=args.headline_seq,
         attempts=attempts,
         seed=args.seed,
-        measure=measure_config(args),
+        measure=measure,
         session=session_config(args),
+        scenarios=("forward", *(s for s in scenarios if s != "forward")),
+        generation=GenerationConfig(decode_past_lens=past_lens, speedup_past_len=max(past_lens, default=None),
+                                    seed=args.seed, timing=measure.timing),
     )
 
 

@@ -88,3 +88,93 @@ def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export,
     assert run.data.metrics["diff.passed"] == 0.0
     assert run.data.tags["tracker.verdict"] == "rejected"
     assert client.get_run(study.run.info.run_id).data.tags["tracker.best_attempt"] == "baseline"
+
+
+# --- the generation scenario ----------------------------------------------------------------------
+
+
+def _generation_study(**overrides):
+    from tracker.measure.generation import GenerationConfig
+    from tracker.studies.gpt2 import GPT2StudyConfig
+
+    timing = TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0)
+    fields = dict(
+        size="tiny", seq_lens=(8, 16), headline_seq=8, attempts=("ort_opt_basic", "attention_fused"),
+        scenarios=("forward", "generation"),
+        measure=MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=timing),
+        generation=GenerationConfig(prefill_lens=(8, 32), decode_past_lens=(8, 32), prompt_len=8, new_tokens=16,
+                                    generation_runs=1, speedup_past_len=32, timing=timing),
+    )
+    return GPT2StudyConfig(**{**fields, **overrides})
+
+
+def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_attempt(tmp_path, monkeypatch):
+    from tracker.studies.gpt2 import run_gpt2_study
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    study = run_gpt2_study(_generation_study(), experiment="gen", workdir=tmp_path / "work")
+    client = MlflowClient(tracking_uri=uri)
+    runs = {r.info.run_name: r.data for r in client.search_runs([client.get_experiment_by_name("gen").experiment_id])}
+    assert set(runs) == {"gpt2", "baseline", "ort_opt_basic", "attention_fused"}
+    assert runs["gpt2"].params["scenarios"] == "forward,generation"
+    assert runs["gpt2"].params["gen.decode_past_lens"] == "8,32"
+    baseline = runs["baseline"].metrics
+    assert baseline["export.decoder_torch_passed"] == 1.0 and baseline["export.decoder_torch_max_abs"] < 1e-3
+    assert baseline["gen.token_agreement"] == 1.0 and baseline["gen.first_step_kl"] == pytest.approx(0, abs=1e-12)
+    assert "gen.decode.past32.speedup" not in baseline  # the baseline is not timed against itself
+    for name in ("baseline", "ort_opt_basic", "attention_fused"):
+        metrics = runs[name].metrics
+        for key in ("gen.prefill.s8.p50_ms", "gen.prefill.s32.p50_ms", "gen.decode.past8.p50_ms",
+                    "gen.decode.past32.p50_ms", "gen.ttft_ms", "gen.tokens_per_s", "latency.p50_ms"):
+            assert metrics[key] > 0, f"{name}: {key}"
+    for name in ("ort_opt_basic", "attention_fused"):
+        metrics = runs[name].metrics
+        assert "gen.error" not in runs[name].params, runs[name].params.get("gen.error")
+        assert metrics["gen.token_agreement"] == 1.0  # fp32 fusions do not change a greedy token
+        assert metrics["gen.decode.past32.speedup_ci_low"] <= metrics["gen.decode.past32.speedup"]
+        assert metrics["gen.decode.past32.speedup"] <= metrics["gen.decode.past32.speedup_ci_high"]
+    assert runs["ort_opt_basic"].metrics["gen.fusion.SkipLayerNormalization"] == 4  # 2 layers x 2, as forward
+    assert runs["attention_fused"].metrics["gen.fusion.MultiHeadAttention"] >= 1
+    assert study.best is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        pytest.param({"scenarios": ("generation",)}, "forward included", id="no-forward"),
+        pytest.param({"scenarios": ("forward", "chat")}, "some of", id="unknown-scenario"),
+    ],
+)
+def test_the_study_config_refuses_scenarios_it_cannot_run(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _generation_study(**overrides)
+
+
+def test_a_past_longer_than_the_model_holds_is_refused_before_anything_is_exported(tmp_path, monkeypatch):
+    from tracker.measure.generation import GenerationConfig
+    from tracker.studies.gpt2 import run_gpt2_study
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    config = _generation_study(generation=GenerationConfig(speedup_past_len=None))  # past 512 > tiny's 256
+    with pytest.raises(ValueError, match="256 positions"):
+        run_gpt2_study(config, experiment="gen", workdir=tmp_path / "work")
+    assert not (tmp_path / "work" / "baseline").exists()
+
+
+def test_the_command_line_chooses_scenarios_and_past_lengths():
+    from experiments.gpt2 import add_gpt2_args, gpt2_config
+    from tracker.experiment_args import add_measure_args
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_measure_args(parser)
+    add_gpt2_args(parser)
+    default = gpt2_config(parser.parse_args([]))
+    assert default.scenarios == ("forward",)
+    assert default.generation.decode_past_lens == (32, 128, 512) and default.generation.speedup_past_len == 512
+    chosen = gpt2_config(parser.parse_args(["--scenarios", "generation,forward", "--gen-past-lens", "8,32"]))
+    assert chosen.scenarios == ("forward", "generation")
+    assert chosen.generation.decode_past_lens == (8, 32) and chosen.generation.speedup_past_len == 32

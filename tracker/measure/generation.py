@@ -170,7 +170,7 @@ class GenerationConfig:
     prompt_len: int = 32
     new_tokens: int = 64
     generation_runs: int = 5
-    speedup_past_len: int | None = 128
+    speedup_past_len: int | None = 512
     timing: TimingConfig = field(default_factory=TimingConfig)
     seed: int = 0
 

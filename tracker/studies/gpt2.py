@@ -1,19 +1,23 @@
-"""Study `gpt2`: export GPT-2 once, then every model transform of the registry as a nested attempt run."""
+"""Study `gpt2`: export GPT-2 once, then every model transform of the registry as a nested attempt run; with the
+`generation` scenario, each attempt's entry is also applied to a decode-ready export and its generation measured."""
 
 from __future__ import annotations
 
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+import onnx
 
 from tracker.api import Study
 from tracker.keys import TAG_WEIGHTS
 from tracker.measure.attempt import MeasureConfig
+from tracker.measure.generation import GenerationConfig, GenerationResult, compare_generations, measure_generation
 from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.steps import StepTimes
-from tracker.optimize import REGISTRY, ModelInfo
+from tracker.optimize import REGISTRY, Context, ModelInfo, get_entry
 from tracker.store import connect
 
 logger = logging.getLogger(__name__)
@@ -21,6 +25,9 @@ logger = logging.getLogger(__name__)
 # What the study runs by default: every entry that rewrites the model. Session entries would only show
 # ORT's default settings again, and the hand-written fusions do not apply to GPT-2.
 DEFAULT_ATTEMPTS = tuple(name for name, entry in REGISTRY.items() if entry.kind == "transform")
+# forward: one pass over seq_lens tokens (every attempt's run); generation: prefill, decode against a KV cache,
+# greedy generation, on a decode-ready export with the attempt's entry applied to it (gen.* on the same run).
+SCENARIOS = ("forward", "generation")
 
 
 @dataclass(frozen=True)
@@ -39,6 +46,9 @@ class GPT2StudyConfig:
         seed: seed of the weights (when built from a config) and of the tokens.
         measure: how every attempt is measured.
         session: ONNX Runtime settings of every attempt.
+        scenarios: some of SCENARIOS; "forward" always (the attempts' runs are its measurement).
+        generation: what the generation scenario measures; its decode step is timed against the baseline's at
+            its `speedup_past_len`, with `measure.speedup`.
     """
 
     model: str | None = None
@@ -52,8 +62,12 @@ class GPT2StudyConfig:
     seed: int = 0
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
+    scenarios: tuple[str, ...] = ("forward",)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
 
     def __post_init__(self) -> None:
+        if "forward" not in self.scenarios or not set(self.scenarios) <= set(SCENARIOS):
+            raise ValueError(f"scenarios must be some of {SCENARIOS}, forward included, got {self.scenarios}")
         if not self.seq_lens or min(self.seq_lens) < 1:
             raise ValueError(f"seq_lens must be positive integers, got {self.seq_lens}")
         if self.headline_seq not in self.seq_lens:
@@ -73,20 +87,25 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
     """Exports GPT-2, checks ONNX Runtime against PyTorch, and logs the baseline and every attempt.
 
     Each attempt may fail (the optimizer raises, ORT refuses the result): its run is marked FAILED
-    with the error and the study goes on.
+    with the error and the study goes on. In the generation scenario, an entry that does not apply to the
+    decode-ready export, or fails on it, leaves the reason in the attempt's param `gen.error`.
     """
+    from tracker.gpt2.decode import export_decoder, verify_decoder
     from tracker.gpt2.export import export_gpt2, verify_export
     from tracker.gpt2.model import load_gpt2
     from tracker.gpt2.tokens import feeds_for, make_tokens
 
     connect.setup_tracking()  # an unreachable server is an error now, not after the export
     steps = StepTimes()
+    generation = "generation" in config.scenarios
     with tempfile.TemporaryDirectory(prefix="tracker-gpt2-") as tmp:
         work = Path(workdir) if workdir is not None else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         logger.info("gpt2: loading the model (%s)", config.model or config.config_path or config.size)
         with steps.step("load"):
             loaded = load_gpt2(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
+        if generation:  # before exporting anything: a length the model cannot hold is the caller's error
+            config.generation.check_positions(loaded.config.n_positions)
         logger.info("gpt2: exporting with the %s exporter", config.exporter)
         with steps.step("export"):
             exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
@@ -95,6 +114,24 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         logger.info("gpt2: checking ONNX Runtime against PyTorch at seq %d", config.headline_seq)
         with steps.step("export"):
             check = verify_export(loaded, exported.path, tokens[config.headline_seq])
+        baseline_metrics = {
+            "export.seconds": exported.seconds,
+            "export.torch_max_abs": check.max_abs,
+            "export.torch_passed": float(check.passed),
+        }
+        baseline_params = {"export.torch_atol": repr(check.atol)}
+        decoder = None
+        if generation:
+            logger.info("gpt2: exporting ready to decode, and checking it over 16 greedy steps")
+            with steps.step("export"):
+                decoder = export_decoder(loaded, work / "baseline" / "decoder.onnx")
+                prompt = tokens[config.headline_seq][:, : loaded.config.n_positions - 16]
+                decode_check = verify_decoder(loaded, decoder.path, prompt, steps=16)
+            baseline_metrics.update({"export.decoder_seconds": decoder.seconds,
+                                     "export.decoder_torch_max_abs": decode_check.max_abs,
+                                     "export.decoder_tokens_match": float(decode_check.tokens_match),
+                                     "export.decoder_torch_passed": float(decode_check.passed)})
+            baseline_params["export.decoder_torch_atol"] = repr(decode_check.atol)
         feeds = {n: feeds_for(t, exported.input_names) for n, t in tokens.items()}
         info = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size)
         weights = "pretrained" if loaded.pretrained else "random (seeded), not pretrained"
@@ -105,6 +142,8 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             "seq_lens": ",".join(map(str, config.seq_lens)),
             "headline_seq": str(config.headline_seq),
             "batch": str(config.batch),
+            "scenarios": ",".join(config.scenarios),
+            **(config.generation.params() if generation else {}),
         }
         del loaded  # the PyTorch weights (~0.5 GB for gpt2-small) are not needed while measuring
         with Study(
@@ -118,19 +157,53 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             workdir=work / "measure",
         ) as study:
             study.add_prior_work(steps)
+            base_generation = None
+            if decoder is not None:
+                logger.info("gpt2: measuring the baseline's generation")
+                with study.steps.step("generation"):
+                    base_generation = measure_generation(decoder.path, session=config.session,
+                                                         config=config.generation, max_positions=decoder.max_positions)
+                baseline_metrics.update({**base_generation.metrics(), **compare_generations(
+                    base_generation.generation, base_generation.generation).metrics()})
             study.attempt(
                 "baseline",
                 exported.path,
                 session=config.session,
                 tolerance=LOGITS_FP32,
                 description=f"GPT-2 exported with the {exported.exporter} exporter ({weights})",
-                metrics={
-                    "export.seconds": exported.seconds,
-                    "export.torch_max_abs": check.max_abs,
-                    "export.torch_passed": float(check.passed),
-                },
-                params={"export.torch_atol": repr(check.atol)},
+                metrics=baseline_metrics,
+                params=baseline_params,
             )
             for name in config.attempt_names:
-                study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES)
+                metrics, params = {}, {}
+                if decoder is not None and base_generation is not None:
+                    with study.steps.step("generation"):
+                        metrics, params = _generation_attempt(name, decoder.path, base_generation, config, info,
+                                                              work / "generation" / name)
+                study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES,
+                               metrics=metrics, params=params)
         return study
+
+
+def _generation_attempt(
+    name: str, decoder: Path, baseline: GenerationResult, config: GPT2StudyConfig, info: ModelInfo, workdir: Path
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The registry entry `name` applied to the decode-ready baseline, its generation measured and compared with
+    the baseline's: (gen.* metrics, gen.* params). An entry that does not apply or fails is data: `gen.error`."""
+    entry = get_entry(name)
+    context = Context(info=info)
+    try:
+        graph = onnx.load(str(decoder), load_external_data=False)
+        reason = entry.why_not(graph, context)
+        if reason is not None:
+            return {}, {"gen.error": f"does not apply to the decode-ready model: {reason}"}
+        candidate = entry.make(decoder, workdir, context)
+        logger.info("gpt2: measuring the generation of %s", name)
+        result = measure_generation(candidate.path, session=replace(config.session, **candidate.session),
+                                    config=config.generation, baseline=decoder, speedup=config.measure.speedup)
+    except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run
+        logger.warning("gpt2: the generation of %s failed: %s", name, e)
+        return {}, {"gen.error": f"{type(e).__name__}: {e}"[:500]}
+    metrics = {**result.metrics(), **compare_generations(baseline.generation, result.generation).metrics()}
+    metrics.update({f"gen.fusion.{op}": float(n) for op, n in candidate.fusions.items()})
+    return metrics, {"gen.applied": str(candidate.applied)}
