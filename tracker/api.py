@@ -18,6 +18,7 @@ import onnx
 from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
+from tracker.measure.machine import MachinePeaks, measure_machine
 from tracker.measure.memory import release_free_memory
 from tracker.measure.model_io import load_model
 from tracker.measure.ort_runtime import SessionConfig
@@ -82,6 +83,7 @@ class Study:
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
         self._graphs: dict[str, onnx.ModelProto] = {}  # `_graph_of`
         self.steps = StepTimes()  # the study's own work; each attempt has its own
+        self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
         self._started = time.perf_counter()
         self._run_cm = None
 
@@ -92,7 +94,9 @@ class Study:
         self._sigterm.__enter__()
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
-        params = {**self.config.params(), **self.params}
+        with self.steps.step("machine"):
+            self.machine = _measure_machine()
+        params = {**self.config.params(), **(self.machine.params() if self.machine else {}), **self.params}
         self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
         self.run = self._run_cm.__enter__()
         logger.info("study %s: run %s", self.name, self.run.info.run_id)
@@ -120,6 +124,7 @@ class Study:
             log_model=self.log_models,
             latency_feeds=self.latency_feeds,
             tags=self.tags,
+            machine=self.machine,
         )
         self.results.append(result)
         return result
@@ -233,7 +238,9 @@ class Study:
         """The study report on the parent run; a report problem never costs the study its summary."""
         try:
             rows = rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
-            built = build_study_report(rows, self._workdir / "report", study=self.name, best=best)
+            rooflines = {r.attempt.name: r.roofline for r in self.results if r.ok and r.roofline is not None}
+            built = build_study_report(rows, self._workdir / "report", study=self.name, best=best,
+                                       rooflines=rooflines)
             write.log_study_report(built.html, built.tables)
         except Exception as e:
             logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
@@ -258,7 +265,9 @@ class Study:
                 rows = rows_from_results(self.results, failures=self.failures, tables=False)
                 totals, wall = self.step_totals()
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
-                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall)}, "best": pick_best(rows)}
+                machine = self.machine.metrics() if self.machine else {}
+                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall), **machine},
+                           "best": pick_best(rows)}
                 try:
                     connect.ensure_reachable()
                     write.log_study_summary(**summary)
@@ -336,10 +345,12 @@ def run_attempt(
     baseline_outputs: list[np.ndarray] | None = None,
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     tags: Mapping[str, str] | None = None,
+    machine: MachinePeaks | None = None,
 ) -> AttemptResult:
     """Measures an attempt, then logs it in its own run (with `tags` on top of its own).
 
-    `baselines` are the study's so far (`runtime_baselines`); empty outside a study.
+    `baselines` are the study's so far (`runtime_baselines`); empty outside a study. `machine` holds the roofs
+    of the attempt's roofline (`Study.machine`); None outside a study.
     Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
     error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
     record is kept in the outbox (`tracker.record.outbox_root()`) and the log says how to upload it.
@@ -357,7 +368,7 @@ def run_attempt(
         result = measure_attempt(
             attempt, feeds, config=config, workdir=workdir, baseline_outputs=baseline_outputs,
             evaluate=evaluate, latency_feeds=latency_feeds,
-            baseline=same_runtime.attempt if same_runtime is not None else None,
+            baseline=same_runtime.attempt if same_runtime is not None else None, machine=machine,
         )
         if result.diff is None:
             # The baseline against itself, so that every attempt carries the same diff.* keys.
@@ -390,6 +401,16 @@ def _candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tu
         metrics["fusion.fully_optimized"] = float(candidate.fully_optimized)
     params = {**candidate.params, "precision": candidate.precision, "applied": str(candidate.applied)}
     return metrics, params
+
+
+def _measure_machine() -> MachinePeaks | None:
+    """The machine's roofs at the study's thread count (`SessionConfig`'s default), or None: a machine that
+    cannot be measured costs the attempts their share of peak, never the study."""
+    try:
+        return measure_machine(threads=SessionConfig().intra_op_num_threads)
+    except Exception as e:
+        logger.warning("could not measure the machine's peaks (%s: %s); no roofs this study", type(e).__name__, e)
+        return None
 
 
 def _mark_failed(record: AttemptRecord, error: BaseException) -> str:

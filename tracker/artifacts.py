@@ -33,7 +33,8 @@ def write_attempt_artifacts(
     skip_runs: int,
     top: int = 20,
 ) -> AttemptArtifacts:
-    """Writes `folder/{tables,charts,traces}` for one measured attempt.
+    """Writes `folder/{tables,charts,traces}` for one measured attempt (with `tables/roofline.csv` and its chart
+    when the attempt has a roofline).
 
     The raw profile and ORT's optimized graph are not copied here: they are logged from where they are.
 
@@ -49,6 +50,8 @@ def write_attempt_artifacts(
     if result.profile is not None:
         for by in VIEWS:
             out.tables[f"ops_by_{by}"] = result.summary(by=by, skip_runs=skip_runs)
+    if result.roofline is not None:
+        out.tables["roofline"] = result.roofline.table
     if baseline is not None:  # the baseline against itself too: every attempt has the same tables
         out.tables.update(diff_against(result, baseline, skip_runs=skip_runs))
     for name, table in out.tables.items():
@@ -78,5 +81,8 @@ def _write_charts(result: AttemptResult, out: AttemptArtifacts, *, skip_runs: in
         figures.append(
             charts.comparison_chart(out.tables["op_diff"], title=f"{name} vs baseline: µs per run", top=top)
         )
+    if result.roofline is not None:
+        figures.append(charts.roofline_chart(result.roofline.table, machine=result.roofline.machine,
+                                             title=f"{name}: op types against the machine's roofs"))
     charts.write_html(figures, out.folder / "charts" / "profile.html", title=f"Profile of attempt {name}")
 

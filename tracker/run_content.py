@@ -130,6 +130,8 @@ def measured_metrics(result: AttemptResult, baseline: AttemptResult | None, tabl
         metrics.update(graph_delta_metrics(tables["graph_diff"]))
     if "ops_by_op" in tables:
         metrics.update(op_metrics(tables["ops_by_op"]))
+    if result.roofline is not None:
+        metrics.update(result.roofline.metrics())
     metrics.update(result.extra_metrics)
     metrics.update(result.attempt.metrics)
     return metrics

@@ -20,10 +20,12 @@ from tracker.measure.feeds_description import FeedsDescription, describe_feeds
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
 from tracker.measure.latency import Latency, TimingConfig, time_once, time_runs
 from tracker.measure.lm_diff import LogitsDiff
+from tracker.measure.machine import MachinePeaks
 from tracker.measure.memory import rss_growth
 from tracker.measure.model_io import load_model, ort_can_load
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import FP32, OutputDiff
+from tracker.measure.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.runtime import get_runtime
 from tracker.measure.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
 from tracker.measure.steps import StepTimes
@@ -165,6 +167,7 @@ class AttemptResult:
     profiled_latency: Latency | None = None
     profile_path: Path | None = None
     profile: Profile | None = None
+    roofline: Roofline | None = None  # the profile's kernels against the machine's roofs
     optimized_model_path: Path | None = None
     outputs: list[np.ndarray] = field(default_factory=list)
     diff: OutputDiff | LogitsDiff | None = None
@@ -211,6 +214,7 @@ def measure_attempt(
     evaluate: Callable[[list[np.ndarray]], Mapping[str, float]] | None = None,
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     baseline: Attempt | None = None,
+    machine: MachinePeaks | None = None,
 ) -> AttemptResult:
     """Measures an attempt: graph statistics, latency, speed-up, profile, outputs and the diff check.
 
@@ -224,6 +228,7 @@ def measure_attempt(
         latency_feeds: more inputs to time (not profiled), by label, e.g. `{"s128": {...}}`.
         baseline: the baseline attempt of the same runtime; when given, the two are timed interleaved
             on `feeds` for the speed-up and its confidence interval.
+        machine: the machine's roofs (`measure_machine`), for the roofline's share of peak.
 
     Raises:
         FeedError, ModelError: bad input, before anything is timed.
@@ -274,6 +279,9 @@ def measure_attempt(
     if result.profile is None:  # the runtime wrote its profile to a file
         with steps.step("parsing"):
             result.profile = parse_profile(profiled.profile_path)
+    with steps.step("parsing"):
+        result.roofline = build_roofline(result.events, machine=machine, skip_runs=config.skip_runs,
+                                         tokens_per_run=count_tokens(feeds))
     result.traces = runtime.trace(attempt, model, feeds, config.trace_levels)
     if baseline_outputs is not None:
         result.diff = attempt.tolerance.compare(baseline_outputs, result.outputs)

@@ -1,16 +1,22 @@
-"""Plotly figures of one attempt's profile summaries and diffs, and the offline HTML page that holds them."""
+"""Plotly figures of one attempt's profile summaries, diffs and roofline, and the offline HTML page that holds them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from tracker.measure import roofline as R
 from tracker.profile import aggregate
 from tracker.profile import columns as C
 from tracker.report.page import write_page
+
+if TYPE_CHECKING:
+    from tracker.measure.machine import MachinePeaks
 
 _BAR_PX = 22
 _MIN_HEIGHT_PX = 320
@@ -179,6 +185,79 @@ def comparison_chart(diff: pd.DataFrame, *, title: str, top: int = 20) -> go.Fig
     _layout_bars(fig, shown, "time per run (µs)", n_bars=2 * len(ranked))
     fig.update_layout(barmode="group", legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"})
     return fig
+
+
+_ROOFLINE_HOVER = (
+    "<b>%{customdata[0]}</b><br>%{y:,.2f} GFLOP/s, %{customdata[1]:,.2f} GB/s<br>%{x:,.3g} FLOP/byte"
+    "<br>%{customdata[2]:.1f} % of the roof at this intensity<br>%{customdata[3]:,.1f} µs per run, "
+    "%{customdata[4]:.1f} % of kernel time<extra>%{fullData.name}</extra>"
+)
+_ROOF_COLOR = "#555555"
+
+
+def roofline_chart(
+    table: pd.DataFrame, *, machine: MachinePeaks | None, title: str, series: str | None = None
+) -> go.Figure:
+    """Op types as points on log-log axes, arithmetic intensity against achieved GFLOP/s, sized by their time,
+    under the machine's two roofs: the bandwidth slope and the compute ceiling.
+
+    Args:
+        table: a roofline table (`tracker.measure.roofline.ROOFLINE_COLUMNS`), e.g. `Roofline.table`.
+        machine: the roofs; None draws the points alone.
+        title: the figure's title.
+        series: a column of `table` naming each row's series (one trace each, e.g. the attempt in a study's
+            chart); None draws one trace, each point labelled with its op type.
+
+    Returns:
+        The figure. Op types without FLOPs (data movement, not covered) or without time cannot sit on log
+        axes: the title says how many are left out.
+    """
+    _require_columns(table, (R.OP_TYPE, R.US_PER_RUN, R.TIME_PCT, R.GFLOPS, R.GBPS, R.INTENSITY, R.PCT_PEAK),
+                     "roofline table")
+    if series is not None:
+        _require_columns(table, (series,), "roofline table")
+    drawn = table[(table[R.GFLOPS] > 0) & (table[R.INTENSITY] > 0) & np.isfinite(table[R.GFLOPS])]
+    left_out = len(table) - len(drawn)
+    shown = title if not left_out else f"{title} ({left_out} op types without FLOPs or time not drawn)"
+    if drawn.empty and machine is None:
+        return _no_data_figure(shown)
+    fig = go.Figure()
+    largest = float(drawn[R.US_PER_RUN].max()) if len(drawn) else 1.0
+    groups = drawn.groupby(series, sort=False) if series is not None else [("op types", drawn)]
+    for name, rows in groups:
+        size = 8 + 36 * np.sqrt(rows[R.US_PER_RUN].to_numpy(dtype=float) / largest)
+        fig.add_trace(go.Scatter(
+            x=rows[R.INTENSITY], y=rows[R.GFLOPS], name=str(name),
+            mode="markers" if series is not None else "markers+text",
+            text=rows[R.OP_TYPE].astype(str) if series is None else None, textposition="top center",
+            marker={"size": size, "opacity": 0.75, "line": {"width": 1, "color": "#333333"}},
+            customdata=np.stack([rows[R.OP_TYPE].astype(str), rows[R.GBPS], rows[R.PCT_PEAK],
+                                 rows[R.US_PER_RUN], rows[R.TIME_PCT]], axis=1),
+            hovertemplate=_ROOFLINE_HOVER,
+        ))
+    if machine is not None:
+        _draw_roofs(fig, machine, drawn[R.INTENSITY].to_numpy(dtype=float))
+    fig.update_layout(
+        title=shown, height=520, margin={"t": 60, "l": 10, "r": 10, "b": 40},
+        xaxis={"type": "log", "title": "arithmetic intensity (FLOP per byte moved)"},
+        yaxis={"type": "log", "title": "achieved GFLOP/s", "automargin": True},
+        showlegend=series is not None or machine is not None,
+    )
+    return fig
+
+
+def _draw_roofs(fig: go.Figure, machine: MachinePeaks, intensities: np.ndarray) -> None:
+    """The bandwidth slope up to the ridge, then the compute ceiling, each named with its value in the legend."""
+    ridge = machine.ridge_flop_per_byte
+    low = min([ridge / 100, *(intensities / 4)])
+    high = max([ridge * 10, *(intensities * 4)])
+    hover = "roof %{y:,.1f} GFLOP/s at %{x:,.3g} FLOP/byte<extra></extra>"
+    fig.add_trace(go.Scatter(x=[low, ridge], y=[machine.bandwidth_gbps * low, machine.peak_gflops], mode="lines",
+                             name=f"bandwidth {machine.bandwidth_gbps:,.1f} GB/s (copy)", hovertemplate=hover,
+                             line={"color": _ROOF_COLOR, "width": 2, "dash": "dash"}))
+    fig.add_trace(go.Scatter(x=[ridge, high], y=[machine.peak_gflops, machine.peak_gflops], mode="lines",
+                             name=f"peak {machine.peak_gflops:,.1f} GFLOP/s (fp32 GEMM)", hovertemplate=hover,
+                             line={"color": _ROOF_COLOR, "width": 2}))
 
 
 def write_html(figures: Sequence[go.Figure], path: str | Path, *, title: str) -> Path:

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from tracker.measure import roofline as R
 from tracker.measure.speedup import describe
+from tracker.report.charts import roofline_chart
 from tracker.report.page import write_page
 from tracker.report.rows import (
     BEST,
@@ -44,6 +46,7 @@ VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101"
                   "inconclusive": "#878787",
                   "rejected": "#a50026", "failed": "#222222", "disturbed": "#b8860b"}
 _TOP_OPS = 12
+_ROOFLINE_OPS = 5  # op types per attempt in the study's roofline chart, the slowest with FLOPs
 _OTHER = "(other)"
 
 
@@ -56,11 +59,17 @@ class StudyReport:
 
 
 def build_study_report(
-    rows: Sequence[AttemptRow], folder: str | Path, *, study: str, best: str | None
+    rows: Sequence[AttemptRow], folder: str | Path, *, study: str, best: str | None,
+    rooflines: Mapping[str, R.Roofline] | None = None,
 ) -> StudyReport:
-    """Writes `folder/study_report.html` (see `write_report`) and returns it with the report's tables."""
+    """Writes `folder/study_report.html` (see `write_report`) and returns it with the report's tables.
+
+    Args:
+        rooflines: the attempts' rooflines by attempt name: a roofline section with their main op types.
+    """
     tables = report_tables(rows, best=best)
-    path = _write(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best)
+    path = _write(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best,
+                  rooflines=rooflines)
     return StudyReport(html=path, tables=tables)
 
 
@@ -86,14 +95,45 @@ def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, be
 
 
 def _write(rows: Sequence[AttemptRow], tables: Mapping[str, pd.DataFrame], path: Path, *, title: str,
-           best: str | None) -> Path:
+           best: str | None, rooflines: Mapping[str, R.Roofline] | None = None) -> Path:
     if not rows:
         raise ValueError("a report needs at least one attempt, got none")
     labels = attempt_labels(rows)
     figures = [_speedup_chart(tables["attempts"], labels)]
     if tables["ops_by_attempt"].shape[1] > 1:
         figures.append(_ops_chart(tables["ops_by_attempt"]))
-    return write_page(path, title=title, parts=_parts(tables, labels, figures, best=best), css=_CSS)
+    parts = _parts(tables, labels, figures, best=best) + _roofline_parts(rooflines or {})
+    return write_page(path, title=title, parts=parts, css=_CSS)
+
+
+def _roofline_parts(rooflines: Mapping[str, R.Roofline]) -> list:
+    """The roofline section: the machine's roofs, each attempt's FLOPs, and its main op types on one chart."""
+    if not rooflines:
+        return []
+    machine = next((r.machine for r in rooflines.values() if r.machine is not None), None)
+    main = []
+    for name, roofline in rooflines.items():
+        table = roofline.table[roofline.table[R.GFLOP_PER_RUN] > 0].head(_ROOFLINE_OPS)
+        main.append(table.assign(attempt=name))
+    chart = roofline_chart(pd.concat(main, ignore_index=True), machine=machine, series="attempt",
+                           title=f"The {_ROOFLINE_OPS} slowest op types with FLOPs of each attempt, against the roofs")
+    if machine is None:
+        roofs = "The machine was not measured: no roofs."
+    else:
+        roofs = (f"Measured once for the study: peak {machine.peak_gflops:,.1f} GFLOP/s (an fp32 "
+                 f"{machine.gemm_size}&sup3; MatMul in ONNX Runtime, {machine.threads} threads) and bandwidth "
+                 f"{machine.bandwidth_gbps:,.1f} GB/s (a {machine.copy_mb} MiB copy, bytes read + written), in "
+                 f"{machine.seconds:.1f} s. Op types below {machine.ridge_flop_per_byte:,.1f} FLOP per byte are "
+                 "bound by memory, above it by compute. A point's height against the roof above it is its share "
+                 "of what the machine allows at its intensity.")
+    head = ("attempt", "GFLOP per run", "GFLOP per token", "achieved GFLOP/s", "MB moved per run",
+            "kernel time with known FLOPs")
+    body = [f"<tr><td>{_e(name)}</td><td>{r.gflop_per_run:.4g}</td>"
+            f"<td>{_num(r.gflop_per_token, '.4g')}</td><td>{_num(r.gflops, ',.1f')}</td>"
+            f"<td>{r.mb_per_run:.4g}</td><td>{r.covered_time_pct:.1f} %</td></tr>"
+            for name, r in rooflines.items()]
+    return ["<h2>Against the machine's limits (roofline)</h2>", f"<p>{roofs}</p>",
+            _table(head, body, classes=None), chart]
 
 
 def _speedup_chart(attempts: pd.DataFrame, labels: Sequence[str]):
