@@ -118,7 +118,8 @@ def test_the_study_report_on_the_parent_run_renders_offline(page, server, study,
     shown = {c[0].removeprefix("\u2605").strip(): c[2].strip() for c in cells}  # attempt -> verdict badge
     assert shown == study.verdicts
     assert shown["reference_fused_wrong"] == "rejected"
-    graph_changes = frame.locator("table").last.inner_text()
+    # The table under the "Graph changes" heading (the roofline's comes after it).
+    graph_changes = frame.locator("h2", has_text="Graph changes").locator("xpath=following::table[1]").inner_text()
     assert "tracker.fusions:AddEyeLike" in graph_changes and "EyeLike" in graph_changes
     page.screenshot(path=shots / "study_report.png")
     assert page.external_requests == []
