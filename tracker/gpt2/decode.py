@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 
+from tracker.gpt2.export import exported_graph
 from tracker.gpt2.model import LoadedGPT2
 from tracker.measure.generation import INPUT_IDS, LOGITS, DecoderSession, past_names, present_name
 from tracker.measure.ort_runtime import SessionConfig
@@ -134,20 +134,8 @@ def export_decoder(
         )
         program.save(path, external_data=False)
     seconds = time.perf_counter() - start
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
-    result = DecoderExport(
-        path=path,
-        opset=opset,
-        seconds=seconds,
-        n_layer=n_layer,
-        num_heads=heads,
-        head_dim=head_dim,
-        max_positions=n_positions,
-        input_names=tuple(i.name for i in graph.input if i.name not in initializers),
-        output_names=tuple(o.name for o in graph.output),
-        node_count=len(graph.node),
-    )
+    result = DecoderExport(path=path, opset=opset, seconds=seconds, n_layer=n_layer, num_heads=heads,
+                           head_dim=head_dim, max_positions=n_positions, **exported_graph(path))
     logger.info("done in %.1f s: %d nodes, %.1f MB", seconds, result.node_count, path.stat().st_size / 1e6)
     return result
 

@@ -122,19 +122,21 @@ def export_gpt2(
                 dynamic_axes={"input_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}},
             )
     seconds = time.perf_counter() - start
-    graph = onnx.load(str(path), load_external_data=False).graph
-    initializers = {t.name for t in graph.initializer}
-    result = ExportResult(
-        path=path,
-        exporter=exporter,
-        opset=opset,
-        seconds=seconds,
-        input_names=tuple(i.name for i in graph.input if i.name not in initializers),
-        output_names=tuple(o.name for o in graph.output),
-        node_count=len(graph.node),
-    )
+    result = ExportResult(path=path, exporter=exporter, opset=opset, seconds=seconds, **exported_graph(path))
     logger.info("done in %.1f s: %d nodes, %.1f MB", seconds, result.node_count, path.stat().st_size / 1e6)
     return result
+
+
+def exported_graph(path: Path) -> dict[str, object]:
+    """What an export result says of the file it wrote: `input_names` (initializers left out),
+    `output_names` and `node_count`."""
+    graph = onnx.load(str(path), load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+    return {
+        "input_names": tuple(i.name for i in graph.input if i.name not in initializers),
+        "output_names": tuple(o.name for o in graph.output),
+        "node_count": len(graph.node),
+    }
 
 
 def verify_export(
