@@ -184,6 +184,16 @@ class Entry:
         return self.applies(model, context)
 
 
+def session_entry(name: str, summary: str, note: str, **settings: str | int) -> Entry:
+    """An entry that runs its source model as it is, with other ONNX Runtime settings (`SessionConfig` fields)."""
+
+    def make(source: Path, target_dir: Path, context: Context) -> Candidate:
+        return Candidate(path=Path(source), applied=True, fusions={}, fully_optimized=None, precision="fp32",
+                         notes=(note,), session=settings)
+
+    return Entry(name, "session", summary, make)
+
+
 def prepare_output(source: Path, target_dir: Path, name: str) -> Path:
     """Checks `source` exists and returns `target_dir/<name>.onnx` (creating the folder).
 

@@ -7,20 +7,9 @@ noise floor of the speed-up on that model.
 
 from __future__ import annotations
 
-from pathlib import Path
+from tracker.optimize.base import session_entry
 
-from tracker.optimize.base import Candidate, Context, Entry
-
-
-def _with_level(level: str, note: str):
-    def make(source: Path, target_dir: Path, context: Context) -> Candidate:
-        return Candidate(path=Path(source), applied=True, fusions={}, fully_optimized=None, precision="fp32",
-                         notes=(note,), session={"graph_optimization_level": level})
-
-    return make
-
-
-DISABLED = Entry("ort_opt_disabled", "session", "ORT's session graph optimizations off (ORT_DISABLE_ALL)",
-                 _with_level("disable", "ORT graph optimizations off (ORT_DISABLE_ALL)"))
-ENABLED = Entry("ort_opt_enabled", "session", "ORT's session graph optimizations on (ORT_ENABLE_ALL, the default)",
-                _with_level("all", "ORT graph optimizations on (ORT_ENABLE_ALL)"))
+DISABLED = session_entry("ort_opt_disabled", "ORT's session graph optimizations off (ORT_DISABLE_ALL)",
+                         "ORT graph optimizations off (ORT_DISABLE_ALL)", graph_optimization_level="disable")
+ENABLED = session_entry("ort_opt_enabled", "ORT's session graph optimizations on (ORT_ENABLE_ALL, the default)",
+                        "ORT graph optimizations on (ORT_ENABLE_ALL)", graph_optimization_level="all")

@@ -9,26 +9,10 @@ scheduling elsewhere.
 
 from __future__ import annotations
 
-from pathlib import Path
+from tracker.optimize.base import session_entry
 
-from tracker.optimize.base import Candidate, Context, Entry
-
-
-def one_thread(source: Path, target_dir: Path, context: Context) -> Candidate:
-    """The source model, run with one intra-op thread."""
-    return Candidate(path=Path(source), applied=True, fusions={}, fully_optimized=None, precision="fp32",
-                     notes=("one intra-op thread (intra_op_num_threads=1)",),
-                     session={"intra_op_num_threads": 1})
-
-
-THREADS_1 = Entry("ort_threads_1", "session", "ORT with one intra-op thread (intra_op_num_threads=1)", one_thread)
-
-
-def parallel(source: Path, target_dir: Path, context: Context) -> Candidate:
-    """The source model, run with ORT's parallel executor on two inter-op threads."""
-    return Candidate(path=Path(source), applied=True, fusions={}, fully_optimized=None, precision="fp32",
-                     notes=("independent branches at once (execution_mode=parallel, inter_op_num_threads=2)",),
-                     session={"execution_mode": "parallel", "inter_op_num_threads": 2})
-
-
-PARALLEL = Entry("ort_parallel", "session", "ORT's parallel executor (ORT_PARALLEL, two inter-op threads)", parallel)
+THREADS_1 = session_entry("ort_threads_1", "ORT with one intra-op thread (intra_op_num_threads=1)",
+                          "one intra-op thread (intra_op_num_threads=1)", intra_op_num_threads=1)
+PARALLEL = session_entry("ort_parallel", "ORT's parallel executor (ORT_PARALLEL, two inter-op threads)",
+                         "independent branches at once (execution_mode=parallel, inter_op_num_threads=2)",
+                         execution_mode="parallel", inter_op_num_threads=2)
