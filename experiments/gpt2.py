@@ -29,6 +29,8 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scenarios", default="forward",
                         help=f"comma-separated, some of {','.join(SCENARIOS)} (forward always runs)")
+    parser.add_argument("--gen-prefill-lens", default="32,128",
+                        help="generation: prompt lengths of the prompt pass; the largest is timed against the baseline")
     parser.add_argument("--gen-past-lens", default="32,128,512",
                         help="generation: past lengths of the decode step; the largest is timed against the baseline")
 
@@ -43,6 +45,7 @@ def _ints(value: str, option: str) -> tuple[int, ...]:
 def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
     seq_lens = _ints(args.seq_lens, "--seq-lens")
     past_lens = _ints(args.gen_past_lens, "--gen-past-lens")
+    prefill_lens = _ints(args.gen_prefill_lens, "--gen-prefill-lens")
     scenarios = tuple(s.strip() for s in args.scenarios.split(",") if s.strip())
     attempts = None if args.attempts.strip() in ("", "all") else tuple(a.strip() for a in args.attempts.split(","))
     measure = measure_config(args)
@@ -59,6 +62,7 @@ def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
         session=session_config(args),
         scenarios=("forward", *(s for s in scenarios if s != "forward")),
         generation=GenerationConfig(decode_past_lens=past_lens, speedup_past_len=max(past_lens, default=None),
+                                    prefill_lens=prefill_lens, speedup_prefill_len=max(prefill_lens, default=None),
                                     seed=args.seed, timing=measure.timing),
     )
 
@@ -75,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143
     study = run(args)
-    best = study.best
-    print(f"gpt2: best attempt that passed its accuracy check: {best.attempt.name if best else 'none'}")
+    for scenario, best in study.scenario_bests.items():
+        print(f"gpt2: best attempt in the {scenario} scenario that passed its accuracy check: {best or 'none'}")
     return 0
 
 

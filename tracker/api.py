@@ -23,12 +23,14 @@ from tracker.measure.memory import release_free_memory
 from tracker.measure.model_io import load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import TOLERANCES
+from tracker.measure.roofline import Roofline
 from tracker.measure.task_diff import TaskTolerance
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
 from tracker.optimize import Candidate, Context, Entry, ModelInfo, get_entry
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
+from tracker.report.scenarios import scenario_bests, scenario_tags
 from tracker.report.study import build_study_report
 from tracker.store import connect, write
 from tracker.termination import sigterm_as_exit
@@ -84,6 +86,7 @@ class Study:
         self._graphs: dict[str, onnx.ModelProto] = {}  # `_graph_of`
         self.steps = StepTimes()  # the study's own work; each attempt has its own
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
+        self.phase_rooflines: dict[str, dict[str, Roofline]] = {}  # attempt -> phase -> roofline (`add_phase_rooflines`)
         self._started = time.perf_counter()
         self._run_cm = None
 
@@ -234,16 +237,28 @@ class Study:
         name = pick_best(rows_from_results(self.results, tables=False))
         return next((r for r in self.results if r.attempt.name == name), None)
 
+    @property
+    def scenario_bests(self) -> dict[str, str | None]:
+        """The best attempt's name in each scenario the study measured: forward (`best`), and prefill and decode
+        when its attempts carry generation figures (`tracker.report.scenarios.scenario_bests`)."""
+        return scenario_bests(rows_from_results(self.results, tables=False))
+
     def _log_report(self, best: str | None) -> None:
         """The study report on the parent run; a report problem never costs the study its summary."""
         try:
             rows = rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
             rooflines = {r.attempt.name: r.roofline for r in self.results if r.ok and r.roofline is not None}
             built = build_study_report(rows, self._workdir / "report", study=self.name, best=best,
-                                       rooflines=rooflines)
+                                       rooflines=rooflines, phase_rooflines=self.phase_rooflines)
             write.log_study_report(built.html, built.tables)
         except Exception as e:
             logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
+
+    def add_phase_rooflines(self, attempt: str, rooflines: Mapping[str, Roofline]) -> None:
+        """Keeps an attempt's rooflines of other phases than its forward pass (e.g. a generation's prefill and
+        decode, by phase) for the study report's scenarios section."""
+        if rooflines:
+            self.phase_rooflines[attempt] = dict(rooflines)
 
     def add_prior_work(self, steps: StepTimes) -> None:
         """Counts work done for the study before it started (e.g. an export) in its steps and its wall time."""
@@ -267,7 +282,7 @@ class Study:
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
                 machine = self.machine.metrics() if self.machine else {}
                 summary = {"metrics": {**study_counts(rows), **totals.metrics(wall), **machine},
-                           "best": pick_best(rows)}
+                           "best": pick_best(rows), "tags": scenario_tags(rows)}
                 try:
                     connect.ensure_reachable()
                     write.log_study_summary(**summary)

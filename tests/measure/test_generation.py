@@ -17,7 +17,10 @@ from tracker.measure.generation import (  # noqa: E402
     compare_generations,
     measure_generation,
 )
+from tracker.measure import roofline as R  # noqa: E402
 from tracker.measure.latency import TimingConfig  # noqa: E402
+from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_INT8  # noqa: E402
+from tracker.measure.machine import MachinePeaks  # noqa: E402
 from tracker.measure.ort_runtime import SessionConfig  # noqa: E402
 from tracker.measure.speedup import SpeedupConfig  # noqa: E402
 
@@ -29,6 +32,8 @@ FAST = GenerationConfig(
     new_tokens=16,
     generation_runs=2,
     speedup_past_len=None,
+    speedup_prefill_len=None,
+    roofline_runs=0,
     timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
 )
 
@@ -78,33 +83,71 @@ def test_the_figures_are_ordered_as_they_must_be(measured):
 
 
 def test_the_model_against_itself_agrees_on_every_token_with_no_divergence(tiny_decoder, measured):
-    again = measure_generation(tiny_decoder.path, session=SESSION, config=FAST)
-    diff = compare_generations(measured.generation, again.generation)
+    again = measure_generation(tiny_decoder.path, session=SESSION, config=FAST, reference=measured.generation)
+    diff = compare_generations(measured.generation, again.generation, along=again.along_reference,
+                               tolerance=LOGITS_FP32)
     assert diff.token_agreement == 1.0
     assert diff.first_divergence == FAST.new_tokens
     assert diff.first_step_kl == pytest.approx(0.0, abs=1e-12)
     assert diff.first_step_max_abs == pytest.approx(0.0, abs=1e-6)
+    # Fed the first generation's tokens, the same model gives the same logits at every step: the fp32 check passes.
+    assert len(again.along_reference) == FAST.new_tokens
+    assert diff.passed and diff.along.top1_agreement == 1.0 and diff.along.kl_divergence < 1e-9
+    assert diff.metrics()["gen.diff.passed"] == 1.0 and diff.params()["gen.diff.tolerance"] == "fp32"
 
 
 def test_a_perturbed_lm_head_disagrees_with_the_baseline(tiny_decoder, measured):
     broken = with_perturbed_lm_head(tiny_decoder.path, std=1.0)
-    diff = compare_generations(measured.generation, measure_generation(broken, session=SESSION, config=FAST).generation)
+    result = measure_generation(broken, session=SESSION, config=FAST, reference=measured.generation)
+    diff = compare_generations(measured.generation, result.generation, along=result.along_reference,
+                               tolerance=LOGITS_INT8)
     assert diff.token_agreement < 1.0
     assert diff.first_divergence < FAST.new_tokens
     assert diff.first_step_kl > 1e-2
     assert diff.metrics()["gen.token_agreement"] == diff.token_agreement
+    # Noise of std 1 on every logit is beyond even the int8 bounds, at every step of the baseline's text.
+    assert diff.passed is False and diff.along.kl_divergence > LOGITS_INT8.max_kl
 
 
-def test_the_decode_step_is_timed_interleaved_against_a_baseline(tiny_decoder):
-    config = GenerationConfig(prefill_lens=(8,), decode_past_lens=(32,), prompt_len=4, new_tokens=4,
-                              generation_runs=1, speedup_past_len=32, timing=FAST.timing)
+def test_small_noise_passes_the_int8_bounds_and_fails_the_fp32_ones(tiny_decoder, measured):
+    """The check's bounds are the precision's: noise of std 0.01 on the logits is an int8-sized error."""
+    slightly = with_perturbed_lm_head(tiny_decoder.path, std=0.01)
+    result = measure_generation(slightly, session=SESSION, config=FAST, reference=measured.generation)
+    check = {t.name: compare_generations(measured.generation, result.generation, along=result.along_reference,
+                                         tolerance=t).passed for t in (LOGITS_FP32, LOGITS_INT8)}
+    assert check == {"fp32": False, "int8": True}
+
+
+def test_each_phase_is_timed_interleaved_against_a_baseline(tiny_decoder):
+    config = GenerationConfig(prefill_lens=(8, 16), decode_past_lens=(32,), prompt_len=4, new_tokens=4,
+                              generation_runs=1, speedup_past_len=32, speedup_prefill_len=16, roofline_runs=0,
+                              timing=FAST.timing)
     quick = SpeedupConfig(rounds=4, max_rounds=4, seconds=0.0, round_seconds=0.0, min_pairs=3, block_ms=2.0)
     result = measure_generation(tiny_decoder.path, session=SESSION, config=config, baseline=tiny_decoder.path,
                                 speedup=quick)
-    assert result.speedup is not None and result.speedup.rounds == 4
+    assert set(result.speedups) == {"prefill", "decode"}
+    assert all(s.rounds == 4 for s in result.speedups.values())
     metrics = result.metrics()
-    assert metrics["gen.decode.past32.speedup_ci_low"] <= metrics["gen.decode.past32.speedup"]
-    assert metrics["gen.decode.past32.speedup"] <= metrics["gen.decode.past32.speedup_ci_high"]
+    for prefix in ("gen.decode.past32.", "gen.prefill.s16."):
+        assert metrics[prefix + "speedup_ci_low"] <= metrics[prefix + "speedup"] <= metrics[prefix + "speedup_ci_high"]
+    assert "gen.prefill.s8.speedup" not in metrics  # only the chosen length is timed against the baseline
+
+
+def test_each_phase_is_costed_against_the_roofs_and_decode_has_the_lower_intensity(tiny_decoder):
+    """The prompt pass multiplies 64 tokens by each weight, a decode step one: its matrix products move as many
+    bytes for 1/64 of the FLOPs. The FLOPs of the decode step are one token's."""
+    machine = MachinePeaks(peak_gflops=100.0, bandwidth_gbps=10.0, threads=1)
+    config = GenerationConfig(prefill_lens=(64,), decode_past_lens=(64,), prompt_len=4, new_tokens=2,
+                              generation_runs=1, speedup_past_len=None, speedup_prefill_len=None, roofline_runs=3,
+                              timing=FAST.timing)
+    result = measure_generation(tiny_decoder.path, session=SESSION, config=config, machine=machine)
+    prefill, decode = result.rooflines["prefill"], result.rooflines["decode"]
+    assert prefill.tokens_per_run == 64 and decode.tokens_per_run == 1
+    assert decode.matmuls[R.INTENSITY] < prefill.matmuls[R.INTENSITY] / 8
+    assert decode.gflop_per_run < prefill.gflop_per_run / 16
+    metrics = result.metrics()
+    assert metrics["gen.decode.past64.roofline.matmuls.pct_peak"] > 0
+    assert metrics["gen.prefill.s64.roofline.memory_bound"] in (0.0, 1.0)
 
 
 def test_lengths_beyond_the_position_table_are_refused_before_anything_runs(tiny_decoder):
@@ -129,6 +172,8 @@ def test_a_forward_only_model_is_not_decode_ready():
         pytest.param({"decode_past_lens": (0,)}, id="past-0"),
         pytest.param({"new_tokens": 0}, id="no-new-tokens"),
         pytest.param({"speedup_past_len": 64}, id="speedup-past-not-timed"),
+        pytest.param({"speedup_prefill_len": 64}, id="speedup-prompt-not-timed"),
+        pytest.param({"roofline_runs": 1}, id="one-profiled-run-is-all-warm-up"),
     ],
 )
 def test_the_config_refuses_what_it_cannot_measure(kwargs):

@@ -138,7 +138,7 @@ def test_metrics_name_the_model_and_at_most_the_top_op_types():
     roofline = R.build_roofline(synthetic_events(12), machine=machine, tokens_per_run=4)
     metrics = roofline.metrics()
 
-    per_op = {k.rsplit(".", 1)[0] for k in metrics if k.count(".") == 2}
+    per_op = {k.rsplit(".", 1)[0] for k in metrics if k.count(".") == 2} - {f"roofline.{R.MATMULS}"}
     assert len(per_op) == R.TOP_OPS
     assert {"roofline.MatMul.gflops", "roofline.MatMul.gbps", "roofline.MatMul.intensity",
             "roofline.MatMul.pct_peak"} <= set(metrics)
@@ -188,3 +188,29 @@ def test_the_machine_measures_plausible_peaks_and_its_own_gemm_stays_under_them(
     assert row[R.GFLOP_PER_RUN] == pytest.approx(2 * n**3 / 1e9)
     assert 0 < row[R.GFLOPS] <= 1.1 * machine.peak_gflops
     assert row[R.BOUND] == "compute"
+
+
+def test_the_matrix_products_of_every_kind_are_one_row_and_decide_nothing_else():
+    """MatMul and FusedMatMul calls together: FLOPs, time and bytes add up, so the row's GFLOP/s is their sum over
+    their time; the model is bound by memory when most of its time is below the ridge."""
+    events = synthetic_events(3)
+    fused = events.iloc[[0]].assign(**{C.OP_TYPE: "FusedMatMul", C.NODE: "fused", C.DUR_US: 300})
+    events = pd.concat([events, fused], ignore_index=True)
+    machine = MachinePeaks(peak_gflops=100.0, bandwidth_gbps=10.0, threads=2)  # ridge at 10 FLOP per byte
+    roofline = R.build_roofline(events, machine=machine)
+
+    flops, nbytes = 2 * 8 * 8 * 8, 3 * 64 * 4  # one 8 x 8 x 8 product, A, B and Y in float32
+    row = roofline.matmuls
+    assert row[R.US_PER_RUN] == 100 + 300 and row[R.CALLS_PER_RUN] == 2
+    assert row[R.GFLOPS] == pytest.approx(2 * flops / 400 / 1e3)
+    assert row[R.INTENSITY] == pytest.approx(flops / nbytes) and row[R.BOUND] == "memory"
+    assert row[R.TIME_PCT] == pytest.approx(100 * 400 / (400 + 99 + 98))
+    metrics = roofline.metrics()
+    assert metrics["roofline.matmuls.gflops"] == pytest.approx(row[R.GFLOPS])
+    assert metrics["roofline.matmuls.pct_peak"] == pytest.approx(100 * row[R.GFLOPS] / (10.0 * flops / nbytes))
+    assert roofline.bound == "memory" and metrics["roofline.memory_bound"] == 1.0
+    assert roofline.flop_per_byte == pytest.approx(1e3 * roofline.gflop_per_run / roofline.mb_per_run)
+    # Faster than the bandwidth allows at this intensity would be a compute-bound model on a 1000x wider bus.
+    wide = R.build_roofline(events, machine=MachinePeaks(peak_gflops=100.0, bandwidth_gbps=1e4, threads=2))
+    assert wide.bound == "compute" and wide.metrics()["roofline.memory_bound"] == 0.0
+    assert R.build_roofline(synthetic_events(3).iloc[1:]).matmuls is None  # no product, no row

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import onnx
@@ -103,7 +106,8 @@ def _generation_study(**overrides):
         scenarios=("forward", "generation"),
         measure=MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=timing),
         generation=GenerationConfig(prefill_lens=(8, 32), decode_past_lens=(8, 32), prompt_len=8, new_tokens=16,
-                                    generation_runs=1, speedup_past_len=32, timing=timing),
+                                    generation_runs=1, speedup_past_len=32, speedup_prefill_len=32, roofline_runs=3,
+                                    timing=timing),
     )
     return GPT2StudyConfig(**{**fields, **overrides})
 
@@ -125,6 +129,7 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
     assert baseline["export.decoder_torch_passed"] == 1.0 and baseline["export.decoder_torch_max_abs"] < 1e-3
     assert baseline["gen.token_agreement"] == 1.0 and baseline["gen.first_step_kl"] == pytest.approx(0, abs=1e-12)
     assert "gen.decode.past32.speedup" not in baseline  # the baseline is not timed against itself
+    assert baseline["gen.diff.passed"] == 1.0
     for name in ("baseline", "ort_opt_basic", "attention_fused"):
         metrics = runs[name].metrics
         for key in ("gen.prefill.s8.p50_ms", "gen.prefill.s32.p50_ms", "gen.decode.past8.p50_ms",
@@ -134,11 +139,27 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
         metrics = runs[name].metrics
         assert "gen.error" not in runs[name].params, runs[name].params.get("gen.error")
         assert metrics["gen.token_agreement"] == 1.0  # fp32 fusions do not change a greedy token
-        assert metrics["gen.decode.past32.speedup_ci_low"] <= metrics["gen.decode.past32.speedup"]
-        assert metrics["gen.decode.past32.speedup"] <= metrics["gen.decode.past32.speedup_ci_high"]
+        for prefix in ("gen.decode.past32.", "gen.prefill.s32."):
+            assert metrics[prefix + "speedup_ci_low"] <= metrics[prefix + "speedup"] <= metrics[prefix + "speedup_ci_high"]
+            assert metrics[prefix + "roofline.matmuls.pct_peak"] > 0  # each phase costed against the study's roofs
+        assert metrics["gen.diff.passed"] == 1.0 and runs[name].params["gen.diff.tolerance"] == "fp32"
     assert runs["ort_opt_basic"].metrics["gen.fusion.SkipLayerNormalization"] == 4  # 2 layers x 2, as forward
     assert runs["attention_fused"].metrics["gen.fusion.MultiHeadAttention"] >= 1
-    assert study.best is not None
+    # The study names the best attempt of each scenario, and its report shows the phases.
+    bests = study.scenario_bests
+    assert set(bests) == {"forward", "prefill", "decode"} and bests["forward"] == study.best.attempt.name
+    tags = runs["gpt2"].tags
+    for phase in ("prefill", "decode"):
+        assert tags[f"tracker.best_attempt.{phase}"] == bests[phase]
+        assert bests[phase] in {"baseline", "ort_opt_basic", "attention_fused"}
+    parent = client.get_run(study.run.info.run_id)
+    folder = client.download_artifacts(parent.info.run_id, "report", str(tmp_path / "report"))
+    page = (Path(folder) / "study_report.html").read_text()
+    assert "Scenarios: forward, prefill and decode" in page and "Prefill and decode: the 3 slowest op types" in page
+    scenarios = json.loads((Path(folder) / "scenarios.json").read_text())
+    assert [row[0] for row in scenarios["data"]] == ["forward", "prefill", "decode"]
+    generation = json.loads((Path(folder) / "generation.json").read_text())
+    assert len(generation["data"]) == 2 * 3  # three attempts, two phases
 
 
 @pytest.mark.parametrize(

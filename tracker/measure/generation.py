@@ -1,6 +1,6 @@
 """Generation with a decode-ready ONNX model: a session that prefills and steps a KV cache, greedy decoding, the
-generation scenario's figures (prefill, decode per past length, time to first token, tokens/s) and its accuracy
-check against a baseline (greedy-token agreement, KL of the first step).
+generation scenario's figures (prefill, decode per past length, time to first token, tokens/s, and for each phase
+its speed-up over a baseline and its roofline) and its accuracy check against a baseline.
 
 A decode-ready model takes `input_ids` [batch, seq] and, per layer, `past_key_values.{i}.key/value`
 [batch, heads, past, head_dim], and gives `logits` [batch, seq, vocab] and `present.{i}.key/value` (the past with the
@@ -11,18 +11,25 @@ are made inside the graph from the past's length, so the rows of a batch must be
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
 from tracker.measure.latency import Latency, TimingConfig, time_runs
-from tracker.measure.lm_diff import LOGITS_FP32, compare_logits
-from tracker.measure.ort_runtime import SessionConfig, make_session
+from tracker.measure.lm_diff import LOGITS_FP32, LogitsDiff, LogitsTolerance, compare_logits
+from tracker.measure.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.speedup import Runner, Speedup, SpeedupConfig, measure_speedup
+from tracker.profile.parse import parse_profile
+
+if TYPE_CHECKING:
+    from tracker.measure.machine import MachinePeaks
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +38,14 @@ LOGITS = "logits"
 PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# The two phases of a generation: the prompt pass, and one token against a past.
+PREFILL, DECODE = "prefill", "decode"
+PHASES = (PREFILL, DECODE)
+
+
+def phase_prefix(phase: str, length: int) -> str:
+    """The start of a phase's metric keys at a length: `gen.prefill.s128.`, `gen.decode.past512.`."""
+    return {PREFILL: f"gen.{PREFILL}.s{length}.", DECODE: f"gen.{DECODE}.past{length}."}[phase]
 
 
 def past_names(n_layer: int) -> tuple[str, ...]:
@@ -50,12 +65,14 @@ class Generation:
     """A greedy generation: the new tokens, the next-token logits of every step, and how long it took.
 
     Attributes:
+        prompt: int64 [batch, prompt_len], what the generation started from.
         tokens: int64 [batch, new_tokens], the argmax of each step.
         step_logits: [batch, vocab] per step; the first is the prompt pass's last position.
         first_token_s: seconds from the start to the first token (the prompt pass and its argmax).
         total_s: seconds for the whole generation.
     """
 
+    prompt: np.ndarray
     tokens: np.ndarray
     step_logits: tuple[np.ndarray, ...]
     first_token_s: float
@@ -108,6 +125,14 @@ class DecoderSession:
         """The session's feeds for `tokens` [batch, seq] after `past`."""
         return {INPUT_IDS: np.asarray(tokens, dtype=np.int64), **past}
 
+    def phase_feeds(self, tokens: np.ndarray, past_len: int) -> dict[str, np.ndarray]:
+        """Feeds for `tokens[:, past_len:]` after the past the prompt pass of `tokens[:, :past_len]` made; a
+        `past_len` of 0 is a prompt pass (an empty past)."""
+        if past_len == 0:
+            return self.feeds(tokens, self.empty_past(tokens.shape[0]))
+        _, past = self.prefill(tokens[:, :past_len])
+        return self.feeds(tokens[:, past_len:], past)
+
     def step(self, tokens: np.ndarray, past: Mapping[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Runs `tokens` [batch, seq] after `past`: (logits [batch, seq, vocab], the past including them)."""
         logits, *presents = self.session.run(list(self.output_names), self.feeds(tokens, past))
@@ -122,6 +147,7 @@ class DecoderSession:
         """Generates `new_tokens` tokens after `prompt` [batch, seq], each the argmax of its step's logits."""
         if new_tokens < 1:
             raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+        prompt = _check_tokens(prompt)
         start = time.perf_counter()
         logits, past = self.prefill(prompt)
         next_logits = logits[:, -1, :]
@@ -135,7 +161,7 @@ class DecoderSession:
             tokens.append(token)
             step_logits.append(next_logits)
         total_s = time.perf_counter() - start
-        return Generation(np.stack(tokens, axis=1).astype(np.int64), tuple(step_logits), first_token_s, total_s)
+        return Generation(prompt, np.stack(tokens, axis=1).astype(np.int64), tuple(step_logits), first_token_s, total_s)
 
     def forced_logits(self, prompt: np.ndarray, continuation: np.ndarray) -> list[np.ndarray]:
         """The next-token logits [batch, vocab] at each step when `continuation` [batch, n] is fed one token at a
@@ -161,6 +187,10 @@ class GenerationConfig:
         generation_runs: timed greedy generations (after one untimed).
         speedup_past_len: the past length at which the decode step is timed interleaved against the baseline;
             one of `decode_past_lens`, or None for no speed-up.
+        speedup_prefill_len: the prompt length whose prompt pass is timed interleaved against the baseline; one of
+            `prefill_lens`, or None for no speed-up.
+        roofline_runs: profiled runs (the first one dropped) of each phase at its length (`phase_lens`), for
+            the phase's roofline; 0 for none.
         timing: how each prefill and decode step is timed.
         seed: seed of the random prompts.
     """
@@ -171,6 +201,8 @@ class GenerationConfig:
     new_tokens: int = 64
     generation_runs: int = 5
     speedup_past_len: int | None = 512
+    speedup_prefill_len: int | None = 128
+    roofline_runs: int = 10
     timing: TimingConfig = field(default_factory=TimingConfig)
     seed: int = 0
 
@@ -185,6 +217,22 @@ class GenerationConfig:
         if self.speedup_past_len is not None and self.speedup_past_len not in self.decode_past_lens:
             raise ValueError(f"speedup_past_len must be one of decode_past_lens {self.decode_past_lens} or None, "
                              f"got {self.speedup_past_len}")
+        if self.speedup_prefill_len is not None and self.speedup_prefill_len not in self.prefill_lens:
+            raise ValueError(f"speedup_prefill_len must be one of prefill_lens {self.prefill_lens} or None, "
+                             f"got {self.speedup_prefill_len}")
+        if self.roofline_runs == 1 or self.roofline_runs < 0:
+            raise ValueError(f"roofline_runs must be 0 (no roofline) or >= 2 (the first is dropped), "
+                             f"got {self.roofline_runs}")
+
+    @property
+    def phase_lens(self) -> dict[str, int]:
+        """The length each phase is timed against the baseline and costed at: the prompt length of the prefill,
+        the past length of the decode step (the longest when no speed-up is asked for)."""
+        return {PREFILL: self.speedup_prefill_len or max(self.prefill_lens),
+                DECODE: self.speedup_past_len or max(self.decode_past_lens)}
+
+    def speedup_len(self, phase: str) -> int | None:
+        return {PREFILL: self.speedup_prefill_len, DECODE: self.speedup_past_len}[phase]
 
     def check_positions(self, max_positions: int) -> None:
         """Raises ValueError when a prompt, a past plus its new token, or the generation is longer than the model's
@@ -206,6 +254,8 @@ class GenerationConfig:
             "gen.new_tokens": str(self.new_tokens),
             "gen.generation_runs": str(self.generation_runs),
             "gen.speedup_past_len": str(self.speedup_past_len),
+            "gen.speedup_prefill_len": str(self.speedup_prefill_len),
+            "gen.roofline_runs": str(self.roofline_runs),
         }
 
 
@@ -219,9 +269,12 @@ class GenerationResult:
         ttft_ms: median time to first token of the greedy generations (prompt pass and argmax).
         tokens_per_s: new tokens over the median wall time of a whole greedy generation, prompt pass included.
         decode_tokens_per_s: the tokens after the first over the median time they took.
-        generation: the last timed greedy generation (for the accuracy check).
-        speedup: the decode step at `speedup_past_len` against the baseline, or None.
-        speedup_past_len: the past length of `speedup`.
+        generation: the last timed greedy generation.
+        phase_lens: each phase's length (`GenerationConfig.phase_lens`): the keys of its speed-up and roofline.
+        speedups: by phase, the phase at its length timed against the baseline; only phases that were.
+        rooflines: by phase, the phase's profiled kernels at its length against the machine's roofs.
+        along_reference: the next-token logits [batch, vocab] of each step when the reference's tokens are fed
+            (the reference's prompt, then its generated tokens one at a time), or None without a reference.
     """
 
     prefill: Mapping[int, Latency]
@@ -230,52 +283,81 @@ class GenerationResult:
     tokens_per_s: float
     decode_tokens_per_s: float
     generation: Generation
-    speedup: Speedup | None = None
-    speedup_past_len: int | None = None
+    phase_lens: Mapping[str, int] = field(default_factory=dict)
+    speedups: Mapping[str, Speedup] = field(default_factory=dict)
+    rooflines: Mapping[str, Roofline] = field(default_factory=dict)
+    along_reference: tuple[np.ndarray, ...] | None = None
 
     def metrics(self) -> dict[str, float]:
-        """`gen.*` metric values."""
+        """`gen.*` metric values: `gen.<phase>.<length>.speedup*` and `gen.<phase>.<length>.roofline.*` per phase
+        (`phase_prefix`)."""
         metrics = {f"gen.prefill.s{n}.p50_ms": lat.p50_ms for n, lat in self.prefill.items()}
         metrics.update({f"gen.decode.past{n}.p50_ms": lat.p50_ms for n, lat in self.decode.items()})
         metrics.update({"gen.ttft_ms": self.ttft_ms, "gen.tokens_per_s": self.tokens_per_s,
                         "gen.decode_tokens_per_s": self.decode_tokens_per_s})
-        if self.speedup is not None:
-            prefix = f"gen.decode.past{self.speedup_past_len}."
-            metrics.update({prefix + key.removeprefix("latency."): value
-                            for key, value in self.speedup.metrics().items()})
+        for phase, speedup in self.speedups.items():
+            prefix = phase_prefix(phase, self.phase_lens[phase])
+            metrics.update({prefix + key.removeprefix("latency."): value for key, value in speedup.metrics().items()})
+        for phase, roofline in self.rooflines.items():
+            prefix = phase_prefix(phase, self.phase_lens[phase])
+            metrics.update({prefix + key: value for key, value in roofline.metrics().items()})
         return metrics
 
 
 @dataclass(frozen=True)
 class GenerationDiff:
-    """An attempt's greedy generation against the baseline's, from the same prompt.
+    """An attempt's generation against the baseline's, from the same prompt.
 
     Attributes:
-        token_agreement: share of the new tokens equal position by position.
+        token_agreement: share of the new greedy tokens equal position by position. Once one token differs, the
+            two generations continue from different text: a single flip early on costs every later position.
         first_divergence: index of the first token that differs (the number of tokens when none does).
         first_step_kl: mean over the batch of KL(baseline || attempt) of the first next-token distribution (nats).
         first_step_max_abs: largest absolute difference of the first step's logits.
+        along: the check of the attempt's next-token logits when fed the baseline's tokens (every step compares
+            the same text) against the baseline's, with the tolerance of the attempt's precision; None when the
+            attempt's logits along the baseline's tokens are not known.
     """
 
     token_agreement: float
     first_divergence: int
     first_step_kl: float
     first_step_max_abs: float
+    along: LogitsDiff | None = None
+
+    @property
+    def passed(self) -> bool | None:
+        """The generation's accuracy check: `along` passed (max abs, top-1 over every step, mean KL within the
+        precision's bounds); None when it was not made."""
+        return self.along.passed if self.along is not None else None
 
     def metrics(self) -> dict[str, float]:
-        return {
+        metrics = {
             "gen.token_agreement": self.token_agreement,
             "gen.first_divergence": float(self.first_divergence),
             "gen.first_step_kl": self.first_step_kl,
             "gen.first_step_max_abs": self.first_step_max_abs,
         }
+        if self.along is not None:
+            metrics.update({f"gen.{key}": value for key, value in self.along.metrics().items()})
+        return metrics
+
+    def params(self) -> dict[str, str]:
+        return {f"gen.{key}": value for key, value in self.along.params().items()} if self.along is not None else {}
 
 
-def compare_generations(baseline: Generation, attempt: Generation) -> GenerationDiff:
-    """Greedy-token agreement and the first step's divergence of `attempt` against `baseline`.
+def compare_generations(
+    baseline: Generation,
+    attempt: Generation,
+    *,
+    along: Sequence[np.ndarray] | None = None,
+    tolerance: LogitsTolerance = LOGITS_FP32,
+) -> GenerationDiff:
+    """Greedy-token agreement and the first step's divergence of `attempt` against `baseline`, and the check of
+    `along` (the attempt's logits fed the baseline's tokens, `GenerationResult.along_reference`) with `tolerance`.
 
     Raises:
-        ValueError: the two generations have different shapes.
+        ValueError: the two generations, or `along` and the baseline's steps, have different shapes.
     """
     if baseline.tokens.shape != attempt.tokens.shape:
         raise ValueError(f"generations of different shapes: {baseline.tokens.shape} and {attempt.tokens.shape}")
@@ -283,7 +365,13 @@ def compare_generations(baseline: Generation, attempt: Generation) -> Generation
     first = int(np.argmin(equal)) if not equal.all() else int(equal.size)
     # The first step's check is the forward check with one position (float64, finite-aware).
     diff = compare_logits([baseline.step_logits[0]], [attempt.step_logits[0]], LOGITS_FP32)
-    return GenerationDiff(float(equal.mean()), first, diff.kl_divergence, diff.max_abs)
+    checked = None
+    if along is not None:
+        if len(along) != len(baseline.step_logits):
+            raise ValueError(f"{len(along)} steps of logits along the baseline's tokens, expected "
+                             f"{len(baseline.step_logits)}")
+        checked = compare_logits([np.stack(baseline.step_logits)], [np.stack(along)], tolerance)
+    return GenerationDiff(float(equal.mean()), first, diff.kl_divergence, diff.max_abs, checked)
 
 
 def measure_generation(
@@ -294,22 +382,30 @@ def measure_generation(
     max_positions: int | None = None,
     baseline: onnx.ModelProto | str | Path | None = None,
     speedup: SpeedupConfig | None = None,
+    reference: Generation | None = None,
+    machine: MachinePeaks | None = None,
+    workdir: str | Path | None = None,
 ) -> GenerationResult:
-    """Times a decode-ready model's prompt passes, decode steps and greedy generations (batch 1).
+    """Times a decode-ready model's prompt passes, decode steps and greedy generations (batch 1), and costs each
+    phase against the machine's roofs.
 
     Each prefill and decode step is timed with `time_runs` (warm-up, then >= N runs and >= T s) in one session with
     ONNX Runtime's default spinning, like the forward latency. A decode step at past length p runs one token against
-    the past a prompt pass of p random tokens made, the same past every run. When `baseline` is given, the decode
-    step at `config.speedup_past_len` is timed interleaved against it in rounds of fresh sessions
-    (`measure_speedup`), each session with its own past from the same tokens.
+    the past a prompt pass of p random tokens made, the same past every run. When `baseline` is given, each phase
+    at its `config.speedup_*_len` is timed interleaved against it in rounds of fresh sessions (`measure_speedup`),
+    each session with its own past from the same tokens. With `config.roofline_runs`, each phase at its
+    `config.phase_lens` length is profiled in a session of its own and its kernels costed (`build_roofline`).
 
     Args:
         model: the decode-ready model.
         session: ONNX Runtime settings of every session.
         config: what to measure.
         max_positions: the model's position table size; lengths beyond it are refused before anything runs.
-        baseline: the decode-ready baseline to time the decode step against.
+        baseline: the decode-ready baseline to time the phases against.
         speedup: how the interleaved timing runs (default `SpeedupConfig()`).
+        reference: a generation (the baseline's) whose tokens the model is fed, for `along_reference`.
+        machine: the roofs of the phases' rooflines (without them, no share of peak).
+        workdir: where the phases' profiles are written (default: a temporary folder, removed).
 
     Raises:
         ValueError: the model is not decode-ready, or a length exceeds `max_positions`.
@@ -319,15 +415,14 @@ def measure_generation(
         config.check_positions(max_positions)
     decoder = DecoderSession.open(model, session)
     vocab = _vocab_size(decoder)
-    rng = np.random.default_rng(config.seed)
     prefill = {}
     for n in config.prefill_lens:
-        feeds = decoder.feeds(_random_tokens(rng, n, vocab), decoder.empty_past(1))
+        feeds = decoder.phase_feeds(_phase_tokens(config, PREFILL, n, vocab), 0)
         logger.info("generation: timing the prompt pass of %d tokens", n)
         prefill[n] = time_runs(lambda f=feeds: decoder.session.run(None, f), config.timing)
     decode = {}
     for p in config.decode_past_lens:
-        feeds = _decode_feeds(decoder, _random_tokens(np.random.default_rng([config.seed, p]), p + 1, vocab))
+        feeds = decoder.phase_feeds(_phase_tokens(config, DECODE, p, vocab), p)
         logger.info("generation: timing one token after a past of %d", p)
         decode[p] = time_runs(lambda f=feeds: decoder.session.run(None, f), config.timing)
     prompt = _random_tokens(np.random.default_rng([config.seed, 1]), config.prompt_len, vocab)
@@ -337,14 +432,32 @@ def measure_generation(
     first_s = float(np.median([g.first_token_s for g in runs]))
     total_s = float(np.median([g.total_s for g in runs]))
     rest_s = float(np.median([g.total_s - g.first_token_s for g in runs]))
-    decoder = None  # free this session before the interleaved ones
-    measured = None
-    if baseline is not None and config.speedup_past_len is not None:
-        p = config.speedup_past_len
-        tokens = _random_tokens(np.random.default_rng([config.seed, p]), p + 1, vocab)
-        logger.info("generation: timing the decode step at past %d against the baseline", p)
-        measured = measure_speedup(_decode_runners(baseline, session, tokens), _decode_runners(model, session, tokens),
-                                   speedup or SpeedupConfig())
+    along = None
+    if reference is not None:
+        logger.info("generation: feeding the reference's %d tokens", reference.tokens.shape[1])
+        along = tuple(decoder.forced_logits(reference.prompt, reference.tokens))
+    lens = config.phase_lens
+    phase_feeds = {phase: decoder.phase_feeds(_phase_tokens(config, phase, lens[phase], vocab),
+                                              0 if phase == PREFILL else lens[phase]) for phase in PHASES}
+    decoder = None  # free this session before the profiled and the interleaved ones
+    rooflines = {}
+    if config.roofline_runs:
+        with tempfile.TemporaryDirectory(prefix="tracker-generation-") as tmp:
+            folder = Path(workdir) if workdir is not None else Path(tmp)
+            for phase, feeds in phase_feeds.items():
+                logger.info("generation: profiling %d runs of the %s at %d", config.roofline_runs, phase, lens[phase])
+                rooflines[phase] = _phase_roofline(model, feeds, session, config.roofline_runs, machine,
+                                                   folder / phase)
+    speedups = {}
+    for phase in PHASES if baseline is not None else ():
+        length = config.speedup_len(phase)
+        if length is None:
+            continue
+        logger.info("generation: timing the %s at %d against the baseline", phase, length)
+        tokens = _phase_tokens(config, phase, length, vocab)
+        past_len = 0 if phase == PREFILL else length
+        speedups[phase] = measure_speedup(_phase_runners(baseline, session, tokens, past_len),
+                                          _phase_runners(model, session, tokens, past_len), speedup or SpeedupConfig())
     return GenerationResult(
         prefill=prefill,
         decode=decode,
@@ -352,25 +465,36 @@ def measure_generation(
         tokens_per_s=config.new_tokens / total_s,
         decode_tokens_per_s=(config.new_tokens - 1) / rest_s if config.new_tokens > 1 else float("nan"),
         generation=runs[-1],
-        speedup=measured,
-        speedup_past_len=config.speedup_past_len if measured is not None else None,
+        phase_lens=lens,
+        speedups=speedups,
+        rooflines=rooflines,
+        along_reference=along,
     )
 
 
-def _decode_feeds(decoder: DecoderSession, tokens: np.ndarray) -> dict[str, np.ndarray]:
-    """Feeds for the last of `tokens` [1, p + 1] after the past the prompt pass of the others made."""
-    _, past = decoder.prefill(tokens[:, :-1])
-    return decoder.feeds(tokens[:, -1:], past)
+def _phase_tokens(config: GenerationConfig, phase: str, length: int, vocab: int) -> np.ndarray:
+    """The random tokens of a phase at a length: a prompt of `length`, or a past of `length` and one token."""
+    if phase == PREFILL:
+        return _random_tokens(np.random.default_rng([config.seed, 0, length]), length, vocab)
+    return _random_tokens(np.random.default_rng([config.seed, length]), length + 1, vocab)
 
 
-def _decode_runners(model: onnx.ModelProto | str | Path, session: SessionConfig, tokens: np.ndarray):
-    """Fresh sessions (threads that stop spinning after a run) bound to one decode step, for `measure_speedup`."""
+def _phase_roofline(model, feeds: Mapping[str, np.ndarray], session: SessionConfig, runs: int,
+                    machine: MachinePeaks | None, workdir: Path) -> Roofline:
+    """The phase's kernels (one profiled session, its first run dropped) against the machine's roofs."""
+    profiled = profile_ort(model, feeds, config=session, runs=runs, workdir=workdir, save_optimized_model=False)
+    events = parse_profile(profiled.profile_path).events
+    return build_roofline(events, machine=machine, skip_runs=1, tokens_per_run=count_tokens(feeds))
+
+
+def _phase_runners(model: onnx.ModelProto | str | Path, session: SessionConfig, tokens: np.ndarray, past_len: int):
+    """Fresh sessions (threads that stop spinning after a run) bound to one step of a phase, for `measure_speedup`."""
     if not isinstance(model, onnx.ModelProto):
         model = str(model)  # a path stays a path: each session reads it (and its external data) itself
 
     def make() -> Runner:
         decoder = DecoderSession.open(model, session, stop_spinning_after_run=True)
-        feeds = _decode_feeds(decoder, tokens)
+        feeds = decoder.phase_feeds(tokens, past_len)
         return lambda: decoder.session.run(None, feeds)
 
     return make

@@ -271,6 +271,9 @@ FORMULAS: Mapping[str, Formula] = {
     **dict.fromkeys(_DATA_MOVEMENT, _per_output(0)),
 }
 COVERED_OPS = frozenset(FORMULAS)
+# The matrix products, whatever an attempt made of them (fused, quantized to 8 or 4 bits).
+MATMUL_OPS = frozenset(("MatMul", "FusedMatMul", "Gemm", "FusedGemm", "QGemm", "MatMulNBits", "MatMulBnb4",
+                        "MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul"))
 
 
 def kernel_cost(op_type: str, input_shapes: str | None, output_shapes: str | None) -> KernelCost:

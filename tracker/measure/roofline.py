@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from tracker.keys import metric_keys
-from tracker.measure.kernel_costs import kernel_costs
+from tracker.measure.kernel_costs import MATMUL_OPS, kernel_costs
 from tracker.profile import aggregate
 from tracker.profile import columns as C
 
@@ -37,6 +37,7 @@ COVERED_CALLS_PCT = "covered_calls_pct"  # calls whose FLOPs are known
 ROOFLINE_COLUMNS = (OP_TYPE, US_PER_RUN, TIME_PCT, CALLS_PER_RUN, GFLOP_PER_RUN, MB_PER_RUN, GFLOPS, GBPS,
                     INTENSITY, ROOF_GFLOPS, PCT_PEAK, PCT_BANDWIDTH, BOUND, COVERED_CALLS_PCT)
 TOP_OPS = 8  # op types with per-op metrics, the slowest first
+MATMULS = "matmuls"  # the name of the matrix products' row (`Roofline.matmuls`) and metrics
 
 
 @dataclass(frozen=True, eq=False)  # it holds a DataFrame
@@ -51,6 +52,9 @@ class Roofline:
         covered_time_pct: share of the kernel time in calls whose FLOPs are known.
         tokens_per_run: batch x sequence of the token input (`count_tokens`), or None.
         machine: the roofs, or None when the machine was not measured (no `roof_gflops`, `pct_peak`).
+        matmuls: the matrix products (`MATMUL_OPS`) together, as one row of `table`'s columns (op type
+            `MATMULS`); None when the model has none. Their op type changes with the attempt (MatMul, FusedMatMul,
+            MatMulInteger, MatMulNBits, ...): this row compares them across attempts.
     """
 
     table: pd.DataFrame
@@ -60,29 +64,55 @@ class Roofline:
     covered_time_pct: float
     tokens_per_run: int | None = None
     machine: MachinePeaks | None = None
+    matmuls: pd.Series | None = None
 
     @property
     def gflop_per_token(self) -> float | None:
         return self.gflop_per_run / self.tokens_per_run if self.tokens_per_run else None
 
+    @property
+    def flop_per_byte(self) -> float:
+        """The model's arithmetic intensity: its FLOPs over the bytes its kernels move."""
+        return 1e3 * self.gflop_per_run / self.mb_per_run if self.mb_per_run > 0 else float("nan")
+
+    @property
+    def bound(self) -> str | None:
+        """The roof the model's time sits under: "compute" when most of it is in op types above the ridge,
+        else "memory"; None without the machine's roofs or FLOPs."""
+        if self.machine is None or not (self.table[GFLOP_PER_RUN] > 0).any():
+            return None
+        by_bound = self.table.groupby(BOUND)[US_PER_RUN].sum()
+        return "compute" if by_bound.get("compute", 0.0) > by_bound.get("memory", 0.0) else "memory"
+
     def metrics(self, *, top: int = TOP_OPS) -> dict[str, float]:
-        """`roofline.model_*`, and `roofline.<OpType>.{gflops,gbps,intensity,pct_peak}` for the `top` slowest
-        op types: `gbps` for each, the others where the op type's FLOPs are known (`pct_peak` with the machine's
-        roofs, and FLOPs above 0). A value of a kernel that took 0 µs is NaN."""
+        """`roofline.model_*`, `roofline.memory_bound` (1 or 0, with the machine's roofs), the matrix products
+        together as `roofline.matmuls.*`, and `roofline.<OpType>.{gflops,gbps,intensity,pct_peak}` for the `top`
+        slowest op types: `gbps` for each, the others where the op type's FLOPs are known (`pct_peak` with the
+        machine's roofs, and FLOPs above 0). A value of a kernel that took 0 µs is NaN."""
         metrics = {"roofline.model_gflop_per_run": self.gflop_per_run, "roofline.model_gflops": self.gflops,
+                   "roofline.model_flop_per_byte": self.flop_per_byte,
                    "roofline.covered_time_pct": self.covered_time_pct}
         if self.gflop_per_token is not None:
             metrics["roofline.model_gflop_per_token"] = self.gflop_per_token
+        if self.bound is not None:
+            metrics["roofline.memory_bound"] = float(self.bound == "memory")
+        if self.matmuls is not None:
+            metrics.update(self._row_metrics(self.matmuls.to_dict(), key=f"roofline.{MATMULS}"))
+            metrics[f"roofline.{MATMULS}.time_pct"] = float(self.matmuls[TIME_PCT])
         rows = self.table.head(top)
         names = [str(n) for n in rows[OP_TYPE]]
-        keys = {suffix: metric_keys("roofline", names, suffix) for suffix in ("gflops", "gbps", "intensity", "pct_peak")}
+        keys = metric_keys("roofline", names, "pct_peak")  # the longest suffix sets the room for the name
         for name, row in zip(names, rows.to_dict("records")):
-            metrics[keys["gbps"][name]] = float(row[GBPS])
-            if row[COVERED_CALLS_PCT] > 0:
-                metrics[keys["gflops"][name]] = float(row[GFLOPS])
-                metrics[keys["intensity"][name]] = float(row[INTENSITY])
-                if self.machine is not None and row[GFLOP_PER_RUN] > 0:
-                    metrics[keys["pct_peak"][name]] = float(row[PCT_PEAK])
+            metrics.update(self._row_metrics(row, key=keys[name].removesuffix(".pct_peak")))
+        return metrics
+
+    def _row_metrics(self, row: Mapping[str, float], *, key: str) -> dict[str, float]:
+        metrics = {f"{key}.gbps": float(row[GBPS])}
+        if row[COVERED_CALLS_PCT] > 0:
+            metrics[f"{key}.gflops"] = float(row[GFLOPS])
+            metrics[f"{key}.intensity"] = float(row[INTENSITY])
+            if self.machine is not None and row[GFLOP_PER_RUN] > 0:
+                metrics[f"{key}.pct_peak"] = float(row[PCT_PEAK])
         return metrics
 
 
@@ -110,11 +140,36 @@ def build_roofline(
     })
     frame["covered_us"] = frame["us"].where(frame["covered"], 0.0)
     frame["covered_bytes"] = frame["bytes"].where(frame["covered"], 0.0)
-    sums = frame.groupby(OP_TYPE, sort=False).agg(
+    total_us = float(frame["us"].sum())
+    table = _per_group(frame, frame[OP_TYPE], n_runs=n_runs, total_us=total_us, machine=machine)
+    table = table.sort_values([US_PER_RUN, OP_TYPE], ascending=[False, True], ignore_index=True)
+    is_matmul = frame[OP_TYPE].isin(MATMUL_OPS)
+    matmuls = None
+    if is_matmul.any():
+        matmuls = _per_group(frame[is_matmul], pd.Series(MATMULS, index=frame.index[is_matmul]), n_runs=n_runs,
+                             total_us=total_us, machine=machine).iloc[0]
+    covered_us = float(frame["covered_us"].sum())
+    flops = float(frame["flops"].sum())
+    return Roofline(
+        table=table,
+        gflop_per_run=flops / n_runs / 1e9,
+        mb_per_run=float(frame["bytes"].sum()) / n_runs / 1e6,
+        gflops=flops / covered_us / 1e3 if covered_us > 0 else float("nan"),
+        covered_time_pct=100.0 * covered_us / total_us if total_us else 0.0,
+        tokens_per_run=tokens_per_run,
+        machine=machine,
+        matmuls=matmuls,
+    )
+
+
+def _per_group(frame: pd.DataFrame, groups: pd.Series, *, n_runs: int, total_us: float,
+               machine: MachinePeaks | None) -> pd.DataFrame:
+    """The roofline table's columns (`ROOFLINE_COLUMNS`) for each group of `frame`'s kernel calls, its name in
+    the OP_TYPE column."""
+    sums = frame.groupby(groups.to_numpy(), sort=False).agg(
         us=("us", "sum"), calls=("us", "size"), flops=("flops", "sum"), bytes=("bytes", "sum"),
         covered_calls=("covered", "sum"), covered_us=("covered_us", "sum"), covered_bytes=("covered_bytes", "sum"))
     known = sums["covered_calls"] > 0
-    total_us = sums["us"].sum()
     table = pd.DataFrame(index=sums.index)
     table[US_PER_RUN] = sums["us"] / n_runs
     table[TIME_PCT] = 100.0 * sums["us"] / total_us if total_us else 0.0
@@ -137,19 +192,7 @@ def build_roofline(
         table[ROOF_GFLOPS] = table[PCT_PEAK] = table[PCT_BANDWIDTH] = np.nan
         table[BOUND] = None
     table[COVERED_CALLS_PCT] = 100.0 * sums["covered_calls"] / sums["calls"]
-    table = table.rename_axis(OP_TYPE).reset_index()
-    table = table.sort_values([US_PER_RUN, OP_TYPE], ascending=[False, True], ignore_index=True)
-    covered_us = float(frame["covered_us"].sum())
-    flops = float(frame["flops"].sum())
-    return Roofline(
-        table=table[list(ROOFLINE_COLUMNS)],
-        gflop_per_run=flops / n_runs / 1e9,
-        mb_per_run=float(frame["bytes"].sum()) / n_runs / 1e6,
-        gflops=flops / covered_us / 1e3 if covered_us > 0 else float("nan"),
-        covered_time_pct=100.0 * covered_us / total_us if total_us else 0.0,
-        tokens_per_run=tokens_per_run,
-        machine=machine,
-    )
+    return table.rename_axis(OP_TYPE).reset_index()[list(ROOFLINE_COLUMNS)]
 
 
 def count_tokens(feeds: Mapping[str, np.ndarray]) -> int | None:

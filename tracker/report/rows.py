@@ -44,6 +44,8 @@ ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPE
                    NODE_COUNT, ERROR, RUN_ID)
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
+GEN_PREFIX = "gen."  # the generation scenario's metrics and params
+GEN_ERROR = "gen.error"  # the param saying why an attempt has no generation figures
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class AttemptRow:
 
     `ops_by_op` is the attempt's per-op-type summary (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs
     dropped) and `graph_diff` its node counts against its baseline (`graph_stats.diff_graphs`); either is
-    None when the attempt has none (it failed, or the run predates them).
+    None when the attempt has none (it failed, or the run predates them). `generation` holds its `gen.*`
+    metrics (the generation scenario, `tracker.report.scenarios`) and `generation_error` why it has none.
     """
 
     attempt: str
@@ -77,6 +80,8 @@ class AttemptRow:
     run_id: str | None = None
     ops_by_op: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     graph_diff: pd.DataFrame | None = field(default=None, repr=False, compare=False)
+    generation: Mapping[str, float] = field(default_factory=dict, repr=False, compare=False)
+    generation_error: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -162,10 +167,17 @@ def rows_from_results(
             ops_by_op=r.summary(by="op", skip_runs=skip_runs) if tables and r.ok and r.profile is not None else None,
             graph_diff=(diff_graphs(base.graph, r.graph)
                         if tables and base is not None and base.graph and r.graph else None),
+            generation=generation_metrics(r.attempt.metrics),
+            generation_error=r.attempt.params.get(GEN_ERROR),
         ))
     rows += [AttemptRow(attempt=name, status=attempt_status(failed=True, diff_passed=None), error=error)
              for name, error in (failures or {}).items()]
     return rows
+
+
+def generation_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """The `gen.*` metrics among an attempt's."""
+    return {k: float(v) for k, v in metrics.items() if k.startswith(GEN_PREFIX)}
 
 
 def study_counts(rows: Sequence[AttemptRow]) -> dict[str, float]:

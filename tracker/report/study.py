@@ -15,6 +15,7 @@ from tracker.measure import roofline as R
 from tracker.measure.speedup import describe
 from tracker.report.charts import roofline_chart
 from tracker.report.page import write_page
+from tracker.report.scenarios import scenario_parts
 from tracker.report.rows import (
     BEST,
     COSINE,
@@ -61,16 +62,21 @@ class StudyReport:
 def build_study_report(
     rows: Sequence[AttemptRow], folder: str | Path, *, study: str, best: str | None,
     rooflines: Mapping[str, R.Roofline] | None = None,
+    phase_rooflines: Mapping[str, Mapping[str, R.Roofline]] | None = None,
 ) -> StudyReport:
     """Writes `folder/study_report.html` (see `write_report`) and returns it with the report's tables.
 
     Args:
         rooflines: the attempts' rooflines by attempt name: a roofline section with their main op types.
+        phase_rooflines: the generation phases' rooflines by attempt name and phase: drawn in the scenarios
+            section, which the report has when some row has generation figures (`scenarios.scenario_parts`).
     """
     tables = report_tables(rows, best=best)
+    scenario_parts_, scenario_tables = scenario_parts(rows, forward_rooflines=rooflines,
+                                                      phase_rooflines=phase_rooflines)
     path = _write(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best,
-                  rooflines=rooflines)
-    return StudyReport(html=path, tables=tables)
+                  rooflines=rooflines, extra_parts=scenario_parts_)
+    return StudyReport(html=path, tables={**tables, **scenario_tables})
 
 
 def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, best: str | None) -> Path:
@@ -95,14 +101,14 @@ def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, be
 
 
 def _write(rows: Sequence[AttemptRow], tables: Mapping[str, pd.DataFrame], path: Path, *, title: str,
-           best: str | None, rooflines: Mapping[str, R.Roofline] | None = None) -> Path:
+           best: str | None, rooflines: Mapping[str, R.Roofline] | None = None, extra_parts: Sequence = ()) -> Path:
     if not rows:
         raise ValueError("a report needs at least one attempt, got none")
     labels = attempt_labels(rows)
     figures = [_speedup_chart(tables["attempts"], labels)]
     if tables["ops_by_attempt"].shape[1] > 1:
         figures.append(_ops_chart(tables["ops_by_attempt"]))
-    parts = _parts(tables, labels, figures, best=best) + _roofline_parts(rooflines or {})
+    parts = _parts(tables, labels, figures, best=best) + list(extra_parts) + _roofline_parts(rooflines or {})
     return write_page(path, title=title, parts=parts, css=_CSS)
 
 

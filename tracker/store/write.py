@@ -386,12 +386,14 @@ def current_ids() -> tuple[str | None, str | None]:
 
 
 @defers_sigterm
-def log_study_summary(*, metrics: Mapping[str, float], best: str | None) -> None:
-    """Logs on the study run its metrics and the best attempt that passed its check (`tracker.best_attempt`).
+def log_study_summary(*, metrics: Mapping[str, float], best: str | None,
+                      tags: Mapping[str, str] | None = None) -> None:
+    """Logs on the study run its metrics, the best attempt that passed its check (`tracker.best_attempt`) and
+    other tags of the summary (e.g. each scenario's best, `tracker.report.scenarios.scenario_tags`).
 
     The table of its attempts is the report's `report/attempts.json` (`log_study_report`).
     """
-    mlflow.set_tag(TAG_BEST, best or NO_BEST)
+    mlflow.set_tags({**(tags or {}), TAG_BEST: best or NO_BEST})
     mlflow.log_metrics(_clean_metrics(metrics))
 
 

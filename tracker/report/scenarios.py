@@ -1,0 +1,227 @@
+"""A study's scenarios side by side: forward (one pass over the study's feeds: the attempts' own speed-up and
+check), and the generation scenario's two phases, prefill (the prompt pass) and decode (one token against a past),
+from the attempts' `gen.*` metrics. For each: the best attempt, and the roof the phase's time sits under."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from tracker.keys import NO_BEST, TAG_BEST
+from tracker.measure import roofline as R
+from tracker.measure.generation import DECODE, PHASES, PREFILL, phase_prefix
+from tracker.measure.speedup import BASELINE_SPEEDUP, Speedup
+from tracker.report.rows import AttemptRow, best_attempt, pick_best
+
+FORWARD = "forward"
+SCENARIOS = (FORWARD, *PHASES)
+_PHASE_KEY = re.compile(r"^gen\.(prefill\.s|decode\.past)(\d+)\.(speedup|roofline\.)")
+_WHAT = {FORWARD: "one pass over the study's inputs", PREFILL: "the prompt pass of {n} tokens",
+         DECODE: "one token after a past of {n}"}
+
+
+def best_tag(scenario: str) -> str:
+    """The study run's tag naming a scenario's best attempt: `tracker.best_attempt` for forward (the study's
+    best), `tracker.best_attempt.prefill`, `tracker.best_attempt.decode`."""
+    return TAG_BEST if scenario == FORWARD else f"{TAG_BEST}.{scenario}"
+
+
+@dataclass(frozen=True)
+class PhaseFigures:
+    """One attempt's figures in one phase of the generation scenario, read from its `gen.*` metrics.
+
+    Attributes:
+        attempt: the attempt's name.
+        phase: PREFILL or DECODE.
+        length: the phase's length (prompt tokens, or past length) its speed-up and roofline are at.
+        p50_ms: the median latency at that length.
+        speedup: against the baseline (`BASELINE_SPEEDUP` for the baseline itself), or None when not timed.
+        verdict: "baseline", the speed-up's verdict, or "rejected" when the generation check failed; None when the
+            phase was not timed against the baseline.
+        passed: the generation check (`gen.diff.passed`), or None when it was not made.
+        matmul_pct_peak: the matrix products' share of the roof at their intensity (`roofline.matmuls.pct_peak`).
+        matmul_intensity: their FLOP per byte.
+        memory_bound: whether most of the phase's kernel time is below the ridge (`roofline.memory_bound`).
+    """
+
+    attempt: str
+    phase: str
+    length: int
+    p50_ms: float | None
+    speedup: Speedup | None
+    verdict: str | None
+    passed: bool | None
+    matmul_pct_peak: float | None
+    matmul_intensity: float | None
+    memory_bound: bool | None
+
+    @property
+    def roof(self) -> str | None:
+        return None if self.memory_bound is None else ("memory" if self.memory_bound else "compute")
+
+
+def phase_figures(row: AttemptRow, phase: str) -> PhaseFigures | None:
+    """The row's figures in `phase`, or None when it has none (no generation, or it failed)."""
+    metrics = row.generation
+    lengths = {int(m.group(2)) for m in map(_PHASE_KEY.match, metrics) if m and m.group(1).startswith(phase)}
+    if row.failed or not lengths:
+        return None
+    length = max(lengths)
+    prefix = phase_prefix(phase, length)
+    found = metrics.get(prefix + "speedup")
+    speedup = None
+    if found is not None:
+        speedup = Speedup(found, metrics[prefix + "speedup_ci_low"], metrics[prefix + "speedup_ci_high"], 0.95,
+                          int(metrics.get(prefix + "speedup_pairs", 0)), int(metrics.get(prefix + "speedup_rounds", 0)),
+                          mde=metrics.get(prefix + "speedup_mde", 0.0))
+    passed = metrics.get("gen.diff.passed")
+    passed = None if passed is None else bool(passed)
+    if row.verdict == "baseline":
+        speedup, verdict = BASELINE_SPEEDUP, "baseline"
+    elif speedup is None:
+        verdict = None
+    else:
+        verdict = "rejected" if passed is False else speedup.verdict
+    p50 = metrics.get(prefix + "p50_ms")
+    bound = metrics.get(prefix + "roofline.memory_bound")
+    return PhaseFigures(row.attempt, phase, length, p50, speedup, verdict, passed,
+                        metrics.get(prefix + f"roofline.{R.MATMULS}.pct_peak"),
+                        metrics.get(prefix + f"roofline.{R.MATMULS}.intensity"), None if bound is None else bool(bound))
+
+
+def scenario_bests(rows: Sequence[AttemptRow]) -> dict[str, str | None]:
+    """The best attempt of each scenario the rows have: forward always (`pick_best`), prefill and decode when some
+    row has generation figures. A phase's best is the largest speed-up among its "better" verdicts (faster beyond
+    the noise, generation check passed), else the baseline: the same rule as forward's (`best_attempt`)."""
+    bests = {FORWARD: pick_best(rows)}
+    for phase in PHASES:
+        figures = [f for f in (phase_figures(r, phase) for r in rows) if f is not None]
+        if figures:
+            bests[phase] = best_attempt((f.attempt, f.verdict, f.speedup.speedup if f.speedup else None)
+                                        for f in figures)
+    return bests
+
+
+def scenario_tags(rows: Sequence[AttemptRow]) -> dict[str, str]:
+    """The study run's tags naming each generation phase's best attempt (forward's is `log_study_summary`'s)."""
+    return {best_tag(s): best or NO_BEST for s, best in scenario_bests(rows).items() if s != FORWARD}
+
+
+# --- the report's section ---------------------------------------------------------------------------------------
+
+GENERATION_COLUMNS = ("attempt", "phase", "length", "p50_ms", "speedup", "speedup_ci_low", "speedup_ci_high",
+                      "verdict", "gen_check_passed", "matmul_pct_peak", "matmul_flop_per_byte", "roof")
+SCENARIO_COLUMNS = ("scenario", "measured", "best", "speedup", "speedup_ci_low", "speedup_ci_high", "roof",
+                    "matmul_pct_peak", "matmul_flop_per_byte")
+
+
+def generation_table(rows: Sequence[AttemptRow]) -> pd.DataFrame:
+    """One row per attempt and phase (`GENERATION_COLUMNS`), attempts in study order."""
+    records = []
+    for phase in PHASES:
+        for f in (phase_figures(r, phase) for r in rows):
+            if f is None:
+                continue
+            s = f.speedup
+            records.append(dict(zip(GENERATION_COLUMNS, (
+                f.attempt, f.phase, f.length, f.p50_ms, s.speedup if s else None, s.ci_low if s else None,
+                s.ci_high if s else None, f.verdict, f.passed, f.matmul_pct_peak, f.matmul_intensity, f.roof))))
+    return pd.DataFrame(records, columns=list(GENERATION_COLUMNS))
+
+
+def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, R.Roofline] | None = None
+                    ) -> pd.DataFrame:
+    """One row per scenario (`SCENARIO_COLUMNS`): what it measures, its best attempt, the best's speed-up and the
+    roof of the best's time (the forward roof from `forward_rooflines`, by attempt name)."""
+    bests = scenario_bests(rows)
+    by_name = {r.attempt: r for r in rows}
+    records = []
+    for scenario, best in bests.items():
+        speedup = roof = pct = intensity = None
+        length = None
+        if best is not None and scenario == FORWARD:
+            r = by_name[best]
+            speedup = (r.speedup, r.speedup_ci_low, r.speedup_ci_high)
+            roofline = (forward_rooflines or {}).get(best)
+            if roofline is not None:
+                roof = roofline.bound
+                if roofline.matmuls is not None:
+                    pct, intensity = roofline.matmuls[R.PCT_PEAK], roofline.matmuls[R.INTENSITY]
+        elif best is not None:
+            f = phase_figures(by_name[best], scenario)
+            length = f.length
+            speedup = (f.speedup.speedup, f.speedup.ci_low, f.speedup.ci_high) if f.speedup else None
+            roof, pct, intensity = f.roof, f.matmul_pct_peak, f.matmul_intensity
+        records.append(dict(zip(SCENARIO_COLUMNS, (
+            scenario, _WHAT[scenario].format(n=length), best, *(speedup or (None, None, None)), roof, pct,
+            intensity))))
+    return pd.DataFrame(records, columns=list(SCENARIO_COLUMNS))
+
+
+def scenario_parts(rows: Sequence[AttemptRow], *, forward_rooflines: Mapping[str, R.Roofline] | None,
+                   phase_rooflines: Mapping[str, Mapping[str, R.Roofline]] | None) -> tuple[list, dict[str, pd.DataFrame]]:
+    """The report's scenarios section (HTML strings and figures) and its tables ("scenarios", "generation"); nothing
+    when no attempt has generation figures."""
+    generation = generation_table(rows)
+    if generation.empty:
+        return [], {}
+    scenarios = scenarios_table(rows, forward_rooflines)
+    parts = ["<h2>Scenarios: forward, prefill and decode</h2>",
+             "<p>Each scenario's best attempt is the largest speed-up among those faster than the baseline beyond "
+             "the noise, whose accuracy check passed (forward: the attempt's check; prefill and decode: the "
+             "generation check, the attempt's next-token logits along the baseline's tokens within the bounds of "
+             "its precision), else the baseline. Its roof is the one most of its kernel time sits under.</p>",
+             _html_table(scenarios), "<p>" + " ".join(_roof_sentences(scenarios)) + "</p>",
+             "<h3>Every attempt in each phase</h3>", _html_table(generation)]
+    chart = _phase_chart(phase_rooflines or {})
+    if chart is not None:
+        parts.append(chart)
+    return parts, {"scenarios": scenarios, "generation": generation}
+
+
+def _roof_sentences(scenarios: pd.DataFrame) -> list[str]:
+    out = []
+    for row in scenarios.to_dict("records"):
+        if row["roof"] is None or pd.isna(row["matmul_pct_peak"]):
+            continue
+        out.append(f"{html.escape(row['scenario'].capitalize())} ({html.escape(row['measured'])}, "
+                   f"{html.escape(str(row['best']))}): bound by {row['roof']}; the matrix products run at "
+                   f"{row['matmul_flop_per_byte']:.3g} FLOP per byte, {row['matmul_pct_peak']:.0f} % of the roof "
+                   f"there.")
+    return out
+
+
+def _html_table(table: pd.DataFrame) -> str:
+    def cell(value) -> str:
+        if value is None or (isinstance(value, float) and pd.isna(value)):
+            return "–"
+        if isinstance(value, float):
+            return f"{value:.3g}"
+        return html.escape(str(value))
+
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+                   for row in table.itertuples(index=False))
+    return f'<div class="table"><table><tr>{head}</tr>{body}</table></div>'
+
+
+_PHASE_OPS = 3  # op types with FLOPs per attempt and phase in the chart, the slowest first
+
+
+def _phase_chart(phase_rooflines: Mapping[str, Mapping[str, R.Roofline]]):
+    from tracker.report.charts import roofline_chart
+
+    parts, machine = [], None
+    for attempt, phases in phase_rooflines.items():
+        for phase, roofline in phases.items():
+            machine = machine or roofline.machine
+            table = roofline.table[roofline.table[R.GFLOP_PER_RUN] > 0].head(_PHASE_OPS)
+            parts.append(table.assign(series=f"{attempt} · {phase}"))
+    if not parts:
+        return None
+    return roofline_chart(pd.concat(parts, ignore_index=True), machine=machine, series="series",
+                          title=f"Prefill and decode: the {_PHASE_OPS} slowest op types with FLOPs of each attempt")
