@@ -160,6 +160,12 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
     assert [row[0] for row in scenarios["data"]] == ["forward", "prefill", "decode"]
     generation = json.loads((Path(folder) / "generation.json").read_text())
     assert len(generation["data"]) == 2 * 3  # three attempts, two phases
+    # `tracker compare` reads the same bests back from the runs.
+    from tracker.report.compare import format_table, load_comparison
+
+    text = format_table(load_comparison(study_run_id=study.run.info.run_id))
+    assert f"decode (one token after a past of 32): best {bests['decode']}" in text
+    assert f"prefill (the prompt pass of 32 tokens): best {bests['prefill']}" in text
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """Generation with a decode-ready ONNX model: a session that prefills and steps a KV cache, greedy decoding, the
 generation scenario's figures (prefill, decode per past length, time to first token, tokens/s, and for each phase
-its speed-up over a baseline and its roofline) and its accuracy check against a baseline.
+its speed-up over a baseline and its roofline). Its accuracy check against a baseline is `generation_check`.
 
 A decode-ready model takes `input_ids` [batch, seq] and, per layer, `past_key_values.{i}.key/value`
 [batch, heads, past, head_dim], and gives `logits` [batch, seq, vocab] and `present.{i}.key/value` (the past with the
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,7 +22,6 @@ import numpy as np
 import onnx
 
 from tracker.measure.latency import Latency, TimingConfig, time_runs
-from tracker.measure.lm_diff import LOGITS_FP32, LogitsDiff, LogitsTolerance, compare_logits
 from tracker.measure.ort_runtime import SessionConfig, make_session, profile_ort
 from tracker.measure.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.speedup import Runner, Speedup, SpeedupConfig, measure_speedup
@@ -302,76 +301,6 @@ class GenerationResult:
             prefix = phase_prefix(phase, self.phase_lens[phase])
             metrics.update({prefix + key: value for key, value in roofline.metrics().items()})
         return metrics
-
-
-@dataclass(frozen=True)
-class GenerationDiff:
-    """An attempt's generation against the baseline's, from the same prompt.
-
-    Attributes:
-        token_agreement: share of the new greedy tokens equal position by position. Once one token differs, the
-            two generations continue from different text: a single flip early on costs every later position.
-        first_divergence: index of the first token that differs (the number of tokens when none does).
-        first_step_kl: mean over the batch of KL(baseline || attempt) of the first next-token distribution (nats).
-        first_step_max_abs: largest absolute difference of the first step's logits.
-        along: the check of the attempt's next-token logits when fed the baseline's tokens (every step compares
-            the same text) against the baseline's, with the tolerance of the attempt's precision; None when the
-            attempt's logits along the baseline's tokens are not known.
-    """
-
-    token_agreement: float
-    first_divergence: int
-    first_step_kl: float
-    first_step_max_abs: float
-    along: LogitsDiff | None = None
-
-    @property
-    def passed(self) -> bool | None:
-        """The generation's accuracy check: `along` passed (max abs, top-1 over every step, mean KL within the
-        precision's bounds); None when it was not made."""
-        return self.along.passed if self.along is not None else None
-
-    def metrics(self) -> dict[str, float]:
-        metrics = {
-            "gen.token_agreement": self.token_agreement,
-            "gen.first_divergence": float(self.first_divergence),
-            "gen.first_step_kl": self.first_step_kl,
-            "gen.first_step_max_abs": self.first_step_max_abs,
-        }
-        if self.along is not None:
-            metrics.update({f"gen.{key}": value for key, value in self.along.metrics().items()})
-        return metrics
-
-    def params(self) -> dict[str, str]:
-        return {f"gen.{key}": value for key, value in self.along.params().items()} if self.along is not None else {}
-
-
-def compare_generations(
-    baseline: Generation,
-    attempt: Generation,
-    *,
-    along: Sequence[np.ndarray] | None = None,
-    tolerance: LogitsTolerance = LOGITS_FP32,
-) -> GenerationDiff:
-    """Greedy-token agreement and the first step's divergence of `attempt` against `baseline`, and the check of
-    `along` (the attempt's logits fed the baseline's tokens, `GenerationResult.along_reference`) with `tolerance`.
-
-    Raises:
-        ValueError: the two generations, or `along` and the baseline's steps, have different shapes.
-    """
-    if baseline.tokens.shape != attempt.tokens.shape:
-        raise ValueError(f"generations of different shapes: {baseline.tokens.shape} and {attempt.tokens.shape}")
-    equal = np.all(baseline.tokens == attempt.tokens, axis=0)  # a position agrees when every row does
-    first = int(np.argmin(equal)) if not equal.all() else int(equal.size)
-    # The first step's check is the forward check with one position (float64, finite-aware).
-    diff = compare_logits([baseline.step_logits[0]], [attempt.step_logits[0]], LOGITS_FP32)
-    checked = None
-    if along is not None:
-        if len(along) != len(baseline.step_logits):
-            raise ValueError(f"{len(along)} steps of logits along the baseline's tokens, expected "
-                             f"{len(baseline.step_logits)}")
-        checked = compare_logits([np.stack(baseline.step_logits)], [np.stack(along)], tolerance)
-    return GenerationDiff(float(equal.mean()), first, diff.kl_divergence, diff.max_abs, checked)
 
 
 def measure_generation(

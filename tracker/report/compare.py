@@ -207,7 +207,26 @@ def format_table(comparison: Comparison) -> str:
     best = comparison.best or "none (no attempt passed)"
     run = f" (run {comparison.study_run_id})" if comparison.study_run_id else ""
     return (f"{comparison.title}{run}: {len(comparison.rows)} attempts, best: {best}\n" + "\n".join(text)
-            + "".join(f"\n{note}" for note in notes))
+            + "".join(f"\n{note}" for note in notes) + "".join(f"\n{line}" for line in _scenario_lines(comparison)))
+
+
+def _scenario_lines(comparison: Comparison) -> list[str]:
+    """A line per generation phase naming its best attempt and speed-up, when the attempts have generation
+    figures (`tracker.report.scenarios`)."""
+    from tracker.report.scenarios import FORWARD, scenarios_table
+
+    table = scenarios_table(comparison.rows)
+    if len(table) == 1:  # forward only: its best is the table's
+        return []
+    lines = []
+    for row in table.to_dict("records"):
+        if row["scenario"] == FORWARD:
+            continue
+        speedup = "" if row["speedup"] is None or row["best"] == "baseline" else (
+            f" {row['speedup']:.3f}x [{row['speedup_ci_low']:.3f}, {row['speedup_ci_high']:.3f}]")
+        roof = f", bound by {row['roof']}" if row["roof"] else ""
+        lines.append(f"{row['scenario']} ({row['measured']}): best {row['best'] or 'none'}{speedup}{roof}")
+    return lines
 
 
 def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict[str, object]:

@@ -13,7 +13,8 @@ import onnx
 from tracker.api import Study
 from tracker.keys import TAG_WEIGHTS
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.generation import GenerationConfig, GenerationResult, compare_generations, measure_generation
+from tracker.measure.generation import GenerationConfig, GenerationResult, measure_generation
+from tracker.measure.generation_check import compare_generations
 from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.measure.machine import MachinePeaks
 from tracker.measure.ort_runtime import SessionConfig
