@@ -177,7 +177,8 @@ def test_the_machine_measures_plausible_peaks_and_its_own_gemm_stays_under_them(
     assert 0.5 < machine.bandwidth_gbps < 1e4
     assert machine.seconds < 10
     assert set(machine.metrics()) == {"machine.peak_gflops", "machine.bandwidth_gbps", "machine.ridge_flop_per_byte",
-                                      "machine.seconds"}
+                                      "machine.seconds", "machine.copy_gbps", "machine.read_gbps", "machine.gemv_gbps"}
+    assert machine.bandwidth_gbps == max(machine.copy_gbps, machine.read_gbps, machine.gemv_gbps)
     # A/A: the same GEMM, profiled as an attempt is, cannot beat the peak it defines (beyond the noise).
     n = machine.gemm_size
     feeds = {"X": np.ones((n, n), dtype=np.float32)}
@@ -188,6 +189,24 @@ def test_the_machine_measures_plausible_peaks_and_its_own_gemm_stays_under_them(
     assert row[R.GFLOP_PER_RUN] == pytest.approx(2 * n**3 / 1e9)
     assert 0 < row[R.GFLOPS] <= 1.1 * machine.peak_gflops
     assert row[R.BOUND] == "compute"
+
+
+def test_the_bandwidth_kernel_profiled_as_an_attempt_streams_its_weight_no_faster_than_the_roof(tmp_path):
+    """A/A of the memory roof: the roof's own matrix-vector product (a decode step's kernel, one row times a
+    weight as large as the copy), profiled as an attempt is, reads its weight once: bound by memory, its bytes the
+    weight's (which ORT pre-packs out of the profile, counted back), and beyond the noise no faster than the roof."""
+    from tracker.measure.machine import gemv_model
+
+    threads = SessionConfig().intra_op_num_threads
+    machine = measure_machine(threads=threads, copy_mb=64)
+    model = gemv_model(64 * 2**20)
+    k, n = model.graph.initializer[0].dims
+    profiled = profile_ort(model, {"X": np.ones((1, k), dtype=np.float32)}, runs=8, workdir=tmp_path,
+                           config=SessionConfig(intra_op_num_threads=threads), save_optimized_model=False)
+    row = R.build_roofline(parse_profile(profiled.profile_path).events, machine=machine, skip_runs=1).matmuls
+    assert row[R.MB_PER_RUN] == pytest.approx(4 * (k * n + k + n) / 1e6)
+    assert row[R.BOUND] == "memory"
+    assert 0 < row[R.PCT_PEAK] <= 110, (row[R.GBPS], machine.copy_gbps, machine.read_gbps, machine.gemv_gbps)
 
 
 def test_the_matrix_products_of_every_kind_are_one_row_and_decide_nothing_else():

@@ -1,5 +1,6 @@
-"""The machine's measured limits: peak fp32 FLOP/s (a large GEMM in ONNX Runtime) and memory bandwidth (a large
-copy), the two roofs of a roofline."""
+"""The machine's measured limits: peak fp32 FLOP/s (a large GEMM in ONNX Runtime) and memory bandwidth (the best of
+a large copy, a large sum and a matrix-vector product over a large weight in ONNX Runtime), the two roofs of a
+roofline."""
 
 from __future__ import annotations
 
@@ -23,14 +24,22 @@ class MachinePeaks:
 
     Attributes:
         peak_gflops: fp32 GFLOP/s of the best of `gemm_runs` runs of an n x n x n MatMul in ONNX Runtime.
-        bandwidth_gbps: GB/s (1e9 bytes) of the best of `copy_runs` copies of `copy_mb` MiB, bytes read plus
-            bytes written.
-        threads: ONNX Runtime intra-op threads of the GEMM; the copy is timed on 1 thread and on as many.
+        bandwidth_gbps: the memory roof, GB/s (1e9 bytes): the largest of `copy_gbps`, `read_gbps` and
+            `gemv_gbps`. A kernel that mostly reads (a decode step's matrix-vector products read their weights once
+            and write little) streams faster than a copy, whose writes cost a read of their lines too; numpy's sum
+            is bound by its additions on a core or two; ONNX Runtime's own matrix-vector product is the kernel a
+            decode step runs.
+        threads: ONNX Runtime intra-op threads of the GEMM; the copy and the sum are timed on 1 thread and on as
+            many.
         gemm_size: n of the GEMM.
         gemm_runs: timed runs of the GEMM (after two warm-up runs).
         copy_mb: MiB copied per run.
-        copy_runs: timed copies (after one warm-up copy that maps the pages).
+        copy_runs: timed copies and sums (after one warm-up copy that maps the pages).
         seconds: wall time of the whole measurement.
+        copy_gbps: the best copy of `copy_mb` MiB, bytes read plus bytes written; None when not measured apart.
+        read_gbps: the best float32 sum of `copy_mb` MiB, bytes read; None when not measured apart.
+        gemv_gbps: the best fp32 matrix-vector product in ONNX Runtime over a weight of `copy_mb` MiB, the
+            weight's bytes; None when not measured apart.
     """
 
     peak_gflops: float
@@ -41,6 +50,9 @@ class MachinePeaks:
     copy_mb: int = 256
     copy_runs: int = 5
     seconds: float = 0.0
+    copy_gbps: float | None = None
+    read_gbps: float | None = None
+    gemv_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.peak_gflops > 0 and self.bandwidth_gbps > 0):
@@ -58,16 +70,23 @@ class MachinePeaks:
 
     def metrics(self) -> dict[str, float]:
         """`machine.*` metrics of the study run."""
-        return {"machine.peak_gflops": self.peak_gflops, "machine.bandwidth_gbps": self.bandwidth_gbps,
-                "machine.ridge_flop_per_byte": self.ridge_flop_per_byte, "machine.seconds": self.seconds}
+        metrics = {"machine.peak_gflops": self.peak_gflops, "machine.bandwidth_gbps": self.bandwidth_gbps,
+                   "machine.ridge_flop_per_byte": self.ridge_flop_per_byte, "machine.seconds": self.seconds}
+        for key, value in (("machine.copy_gbps", self.copy_gbps), ("machine.read_gbps", self.read_gbps),
+                           ("machine.gemv_gbps", self.gemv_gbps)):
+            if value is not None:
+                metrics[key] = value
+        return metrics
 
     def params(self) -> dict[str, str]:
         """How the peaks were measured, as `machine.*` params of the study run."""
         n = self.gemm_size
         return {
             "machine.gemm": f"onnxruntime MatMul fp32 {n}x{n}x{n}, best of {self.gemm_runs}",
-            "machine.copy": (f"numpy copy of {self.copy_mb} MiB, read + write bytes, best of {self.copy_runs} "
-                             f"on 1 and on {self.threads} threads"),
+            "machine.bandwidth": (f"the best of a numpy copy (read + write bytes) and a numpy float32 sum (read bytes) "
+                                  f"of {self.copy_mb} MiB, each best of {self.copy_runs} on 1 and on {self.threads} "
+                                  f"threads, and an onnxruntime fp32 MatMul of one row by a {self.copy_mb} MiB "
+                                  f"weight, best of {self.copy_runs}"),
             "machine.threads": str(self.threads),
         }
 
@@ -75,16 +94,17 @@ class MachinePeaks:
 def measure_machine(
     *, threads: int | None = None, gemm_size: int = 1024, gemm_runs: int = 12, copy_mb: int = 256, copy_runs: int = 5
 ) -> MachinePeaks:
-    """Measures the machine's peak fp32 FLOP/s and memory bandwidth (~0.5-1 s on 2 cores).
+    """Measures the machine's peak fp32 FLOP/s and memory bandwidth (~1 s on 2 cores).
 
     Args:
         threads: ONNX Runtime intra-op threads, as the study's sessions use (default: the core count, as
-            `SessionConfig`'s); the copy is timed on one thread and split across as many, the best counts.
+            `SessionConfig`'s); the copy and the sum are timed on one thread and split across as many, the best
+            counts.
         gemm_size: n of the n x n x n fp32 MatMul (2 n^3 FLOPs per run; its weight is an initializer, so
             ONNX Runtime pre-packs it as it does a model's weights).
         gemm_runs: timed GEMM runs; the best counts.
-        copy_mb: MiB per copy: far above any cache, so the copy runs at memory speed.
-        copy_runs: timed copies; the best counts.
+        copy_mb: MiB per copy and per sum: far above any cache, so they run at memory speed.
+        copy_runs: timed copies and sums; the best counts.
 
     Raises:
         ValueError: a size or count below 1.
@@ -96,28 +116,37 @@ def measure_machine(
             raise ValueError(f"{name} must be >= 1, got {value}")
     start = time.perf_counter()
     gflops = _gemm_gflops(gemm_size, gemm_runs, threads)
-    gbps = _copy_gbps(copy_mb * 2**20, copy_runs, threads)
-    peaks = MachinePeaks(peak_gflops=gflops, bandwidth_gbps=gbps, threads=threads, gemm_size=gemm_size,
-                         gemm_runs=gemm_runs, copy_mb=copy_mb, copy_runs=copy_runs,
-                         seconds=time.perf_counter() - start)
-    logger.info("machine: %.1f GFLOP/s fp32 (MatMul %d), %.1f GB/s (copy), %d threads, measured in %.2f s",
-                gflops, gemm_size, gbps, threads, peaks.seconds)
+    copy_gbps, read_gbps = _memory_gbps(copy_mb * 2**20, copy_runs, threads)
+    gemv_gbps = _gemv_gbps(copy_mb * 2**20, copy_runs, threads)
+    peaks = MachinePeaks(peak_gflops=gflops, bandwidth_gbps=max(copy_gbps, read_gbps, gemv_gbps), threads=threads,
+                         gemm_size=gemm_size, gemm_runs=gemm_runs, copy_mb=copy_mb, copy_runs=copy_runs,
+                         seconds=time.perf_counter() - start, copy_gbps=copy_gbps, read_gbps=read_gbps,
+                         gemv_gbps=gemv_gbps)
+    logger.info("machine: %.1f GFLOP/s fp32 (MatMul %d), %.1f GB/s copy, %.1f GB/s sum, %.1f GB/s MatMul of one row, "
+                "%d threads, measured in %.2f s", gflops, gemm_size, copy_gbps, read_gbps, gemv_gbps, threads,
+                peaks.seconds)
     return peaks
 
 
-def gemm_model(n: int):
-    """An ONNX model `Y = X @ W`, X an n x n input and W an n x n fp32 initializer."""
+def gemm_model(n: int, *, rows: int | None = None, cols: int | None = None, random: bool = True):
+    """An ONNX model `Y = X @ W`: X [rows, n] an input, W [n, cols] an fp32 initializer (rows and cols default to n;
+    `random` False fills W with ones, which costs no time to make and runs as fast)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    weight = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    rows, cols = rows or n, cols or n
+    weight = (np.random.default_rng(0).standard_normal((n, cols), dtype=np.float32) if random
+              else np.ones((n, cols), dtype=np.float32))
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["X", "W"], ["Y"], name="gemm")], "gemm",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [n, n])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [n, n])],
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [rows, n])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [rows, cols])],
         initializer=[numpy_helper.from_array(weight, "W")],
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=onnx.IR_VERSION)
+
+
+GEMV_K = 4096  # the weight's rows in the bandwidth's matrix-vector product; its columns make up the size
 
 
 def _gemm_gflops(n: int, runs: int, threads: int) -> float:
@@ -129,20 +158,40 @@ def _gemm_gflops(n: int, runs: int, threads: int) -> float:
     return 2.0 * n**3 / best / 1e9
 
 
-def _copy_gbps(nbytes: int, runs: int, threads: int) -> float:
+def gemv_model(nbytes: int):
+    """`gemm_model` of one row by a weight of `nbytes` bytes (GEMV_K rows): the memory roof's kernel."""
+    return gemm_model(GEMV_K, rows=1, cols=max(1, nbytes // 4 // GEMV_K), random=False)
+
+
+def _gemv_gbps(nbytes: int, runs: int, threads: int) -> float:
+    model = gemv_model(nbytes)
+    weight_bytes = 4 * GEMV_K * model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
+    session = make_session(model, SessionConfig(intra_op_num_threads=threads))
+    model = None  # the session holds its own (pre-packed) copy of the weight
+    feeds = {"X": np.ones((1, GEMV_K), dtype=np.float32)}
+    session.run(None, feeds)
+    best = min(_seconds(lambda: session.run(None, feeds)) for _ in range(runs))
+    return weight_bytes / best / 1e9
+
+
+def _memory_gbps(nbytes: int, runs: int, threads: int) -> tuple[float, float]:
+    """(copy GB/s counting bytes read and written, sum GB/s counting bytes read), each the best run."""
     source = np.full(nbytes // 4, 1.0, dtype=np.float32)  # written, so its pages are real, not the zero page
     target = np.empty_like(source)
     np.copyto(target, source)  # maps the target's pages
-    best = float("inf")
+    copy = read = float("inf")
     # One thread, and the sessions' count: one core may pull the most on a small machine (or when another
     # process holds a core), several cores on a large one.
     for count in sorted({1, threads}):
         bounds = np.linspace(0, source.size, count + 1).astype(int)
-        chunks = [(target[a:b], source[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-        with ThreadPoolExecutor(max_workers=count) as pool:  # numpy copies without the GIL: chunks go at once
-            best = min(best, *(_seconds(lambda: list(pool.map(lambda pair: np.copyto(*pair), chunks)))
+        parts = list(zip(bounds[:-1], bounds[1:]))
+        with ThreadPoolExecutor(max_workers=count) as pool:  # numpy copies and sums without the GIL: chunks go at once
+            copy = min(copy, *(_seconds(lambda: list(pool.map(lambda p: np.copyto(target[p[0]:p[1]],
+                                                                                  source[p[0]:p[1]]), parts)))
                                for _ in range(runs)))
-    return 2.0 * source.nbytes / best / 1e9
+            read = min(read, *(_seconds(lambda: list(pool.map(lambda p: source[p[0]:p[1]].sum(), parts)))
+                               for _ in range(runs)))
+    return 2.0 * source.nbytes / copy / 1e9, source.nbytes / read / 1e9
 
 
 def _seconds(work) -> float:

@@ -253,7 +253,7 @@ def _draw_roofs(fig: go.Figure, machine: MachinePeaks, intensities: np.ndarray) 
     high = max([ridge * 10, *(intensities * 4)])
     hover = "roof %{y:,.1f} GFLOP/s at %{x:,.3g} FLOP/byte<extra></extra>"
     fig.add_trace(go.Scatter(x=[low, ridge], y=[machine.bandwidth_gbps * low, machine.peak_gflops], mode="lines",
-                             name=f"bandwidth {machine.bandwidth_gbps:,.1f} GB/s (copy)", hovertemplate=hover,
+                             name=f"bandwidth {machine.bandwidth_gbps:,.1f} GB/s (copy or sum)", hovertemplate=hover,
                              line={"color": _ROOF_COLOR, "width": 2, "dash": "dash"}))
     fig.add_trace(go.Scatter(x=[ridge, high], y=[machine.peak_gflops, machine.peak_gflops], mode="lines",
                              name=f"peak {machine.peak_gflops:,.1f} GFLOP/s (fp32 GEMM)", hovertemplate=hover,

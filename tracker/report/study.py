@@ -128,7 +128,8 @@ def _roofline_parts(rooflines: Mapping[str, R.Roofline]) -> list:
     else:
         roofs = (f"Measured once for the study: peak {machine.peak_gflops:,.1f} GFLOP/s (an fp32 "
                  f"{machine.gemm_size}&sup3; MatMul in ONNX Runtime, {machine.threads} threads) and bandwidth "
-                 f"{machine.bandwidth_gbps:,.1f} GB/s (a {machine.copy_mb} MiB copy, bytes read + written), in "
+                 f"{machine.bandwidth_gbps:,.1f} GB/s (the better of a {machine.copy_mb} MiB copy, bytes read + "
+                 f"written, and a sum, bytes read), in "
                  f"{machine.seconds:.1f} s. Op types below {machine.ridge_flop_per_byte:,.1f} FLOP per byte are "
                  "bound by memory, above it by compute. A point's height against the roof above it is its share "
                  "of what the machine allows at its intensity.")
