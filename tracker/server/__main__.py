@@ -48,8 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(server: LocalTrackingServer, pid_file: Path) -> int:
     if pid_file.exists() and _alive(int(pid_file.read_text() or 0)):
         raise LocalServerError(f"already running (pid {pid_file.read_text()}); stop it first")
-    # SIGTERM (the stop command, a service manager) stops both servers like Ctrl-C does.
+    # SIGTERM (the stop command, a service manager) stops both servers like Ctrl-C does. So does SIGINT, also when
+    # started from a shell without job control in the background (`... &` in a script), which leaves it ignored.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     server.start()
     pid_file.write_text(str(os.getpid()))
     try:
