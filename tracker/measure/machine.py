@@ -32,7 +32,8 @@ class MachinePeaks:
         threads: ONNX Runtime intra-op threads of the GEMM; the copy and the sum are timed on 1 thread and on as
             many.
         gemm_size: n of the GEMM.
-        gemm_runs: timed runs of the GEMM (after two warm-up runs).
+        gemm_runs: timed runs of the GEMM (after two warm-up runs): at least the runs asked for, and as many more
+            as `GEMM_MIN_SECONDS` takes.
         copy_mb: MiB copied per run.
         copy_runs: timed copies and sums (after one warm-up copy that maps the pages).
         seconds: wall time of the whole measurement.
@@ -115,7 +116,7 @@ def measure_machine(
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     start = time.perf_counter()
-    gflops = _gemm_gflops(gemm_size, gemm_runs, threads)
+    gflops, gemm_runs = _gemm_gflops(gemm_size, gemm_runs, threads)
     copy_gbps, read_gbps = _memory_gbps(copy_mb * 2**20, copy_runs, threads)
     gemv_gbps = _gemv_gbps(copy_mb * 2**20, copy_runs, threads)
     peaks = MachinePeaks(peak_gflops=gflops, bandwidth_gbps=max(copy_gbps, read_gbps, gemv_gbps), threads=threads,
@@ -149,13 +150,21 @@ def gemm_model(n: int, *, rows: int | None = None, cols: int | None = None, rand
 GEMV_K = 4096  # the weight's rows in the bandwidth's matrix-vector product; its columns make up the size
 
 
-def _gemm_gflops(n: int, runs: int, threads: int) -> float:
+# The GEMM's runs span at least this long: 12 runs of ~6 ms once fell in a moment this VM's cores ran at half speed
+# (a 177 GFLOP/s peak, then 356 GFLOP/s in the next seconds), and every share of peak after it was doubled.
+GEMM_MIN_SECONDS = 0.5
+
+
+def _gemm_gflops(n: int, runs: int, threads: int) -> tuple[float, int]:
+    """(the best run's GFLOP/s, the runs timed)."""
     session = make_session(gemm_model(n), SessionConfig(intra_op_num_threads=threads))
     feeds = {"X": np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)}
     for _ in range(2):  # kernel selection, thread pool start, first touch of the output
         session.run(None, feeds)
-    best = min(_seconds(lambda: session.run(None, feeds)) for _ in range(runs))
-    return 2.0 * n**3 / best / 1e9
+    times, start = [], time.perf_counter()
+    while len(times) < runs or time.perf_counter() - start < GEMM_MIN_SECONDS:
+        times.append(_seconds(lambda: session.run(None, feeds)))
+    return 2.0 * n**3 / min(times) / 1e9, len(times)
 
 
 def gemv_model(nbytes: int):
