@@ -117,7 +117,7 @@ def check_report_path(path: str | Path) -> Path:
 
 def row_from_run(run: FetchedRun) -> AttemptRow:
     """The row of an attempt run, read back from what it recorded (its status by `rows.attempt_status`)."""
-    from tracker.report.rows import GEN_ERROR, AttemptRow, attempt_status, generation_metrics
+    from tracker.report.rows import AttemptRow, attempt_status, generation_metrics
 
     tags, metrics = run.tags, run.metrics
     crashed = run.status != "FINISHED" or tags.get(TAG_STATUS) == STATUS_FAILED
@@ -148,7 +148,6 @@ def row_from_run(run: FetchedRun) -> AttemptRow:
         ops_by_op=run.tables.get("ops_by_op"),
         graph_diff=run.tables.get("graph_diff"),
         generation=generation_metrics(metrics),
-        generation_error=run.params.get(GEN_ERROR),
     )
 
 

@@ -44,8 +44,7 @@ ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPE
                    NODE_COUNT, ERROR, RUN_ID)
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
-GEN_PREFIX = "gen."  # the generation scenario's metrics and params
-GEN_ERROR = "gen.error"  # the param saying why an attempt has no generation figures
+GEN_PREFIX = "gen."  # the generation scenario's metrics
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class AttemptRow:
     `ops_by_op` is the attempt's per-op-type summary (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs
     dropped) and `graph_diff` its node counts against its baseline (`graph_stats.diff_graphs`); either is
     None when the attempt has none (it failed, or the run predates them). `generation` holds its `gen.*`
-    metrics (the generation scenario, `tracker.report.scenarios`) and `generation_error` why it has none.
+    metrics (the generation scenario, `tracker.report.scenarios`).
     """
 
     attempt: str
@@ -81,7 +80,6 @@ class AttemptRow:
     ops_by_op: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     graph_diff: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     generation: Mapping[str, float] = field(default_factory=dict, repr=False, compare=False)
-    generation_error: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -168,7 +166,6 @@ def rows_from_results(
             graph_diff=(diff_graphs(base.graph, r.graph)
                         if tables and base is not None and base.graph and r.graph else None),
             generation=generation_metrics(r.attempt.metrics),
-            generation_error=r.attempt.params.get(GEN_ERROR),
         ))
     rows += [AttemptRow(attempt=name, status=attempt_status(failed=True, diff_passed=None), error=error)
              for name, error in (failures or {}).items()]

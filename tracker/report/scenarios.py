@@ -18,7 +18,6 @@ from tracker.measure.speedup import BASELINE_SPEEDUP, Speedup
 from tracker.report.rows import AttemptRow, best_attempt, pick_best
 
 FORWARD = "forward"
-SCENARIOS = (FORWARD, *PHASES)
 _PHASE_KEY = re.compile(r"^gen\.(prefill\.s|decode\.past)(\d+)\.(speedup|roofline\.)")
 _WHAT = {FORWARD: "one pass over the study's inputs", PREFILL: "the prompt pass of {n} tokens",
          DECODE: "one token after a past of {n}"}

@@ -30,7 +30,7 @@ class FetchedRun:
         run_id, name, experiment_id: the run's identity.
         status: MLflow's run status ("FINISHED", "FAILED", "RUNNING", "KILLED", ...).
         start_time_ms: when the run started.
-        metrics, tags, params: the run's latest metric values, its tags and its params.
+        metrics, tags: the run's latest metric values and its tags.
         tables: the run's `tables/<name>.json` tables among those asked for, by name.
     """
 
@@ -42,7 +42,6 @@ class FetchedRun:
     metrics: dict[str, float]
     tags: dict[str, str]
     tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict, repr=False)
-    params: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
 
 def find_study_run(experiment: str, study: str) -> str:
@@ -122,7 +121,7 @@ def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
     return FetchedRun(run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
                       experiment_id=run.info.experiment_id, status=run.info.status,
                       start_time_ms=int(run.info.start_time or 0), metrics=dict(run.data.metrics),
-                      tags=dict(run.data.tags), tables=found, params=dict(run.data.params))
+                      tags=dict(run.data.tags), tables=found)
 
 
 def _read_table(path: Path) -> pd.DataFrame:
