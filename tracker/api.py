@@ -83,7 +83,7 @@ class Study:
         self._workdir = Path(workdir) if workdir is not None else None
         self.results: list[AttemptResult] = []
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
-        self._graphs: dict[str, onnx.ModelProto] = {}  # `_graph_of`
+        self._graphs: dict[str, onnx.ModelProto] = {}  # `graph_of`
         self.steps = StepTimes()  # the study's own work; each attempt has its own
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
         self.phase_rooflines: dict[str, dict[str, Roofline]] = {}  # attempt -> phase -> roofline (`add_phase_rooflines`)
@@ -173,7 +173,7 @@ class Study:
         try:
             with step:
                 source_path = self._on_disk(source, name)
-                graph = source if isinstance(source, onnx.ModelProto) else self._graph_of(source_path)
+                graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
                 reason = found.why_not(graph, context)
                 if reason is not None:
                     raise ValueError(f"{found.name} does not apply to this model: {reason}")
@@ -200,9 +200,9 @@ class Study:
             **fields,
         )
 
-    def _graph_of(self, path: Path) -> onnx.ModelProto:
+    def graph_of(self, path: str | Path) -> onnx.ModelProto:
         """The model at `path` without its weights' values, read once per study: what `Entry.applies` looks at."""
-        key = str(path.resolve())
+        key = str(Path(path).resolve())
         if key not in self._graphs:
             model = load_model(path, load_external_data=False, check=False)
             for tensor in model.graph.initializer:  # names, types and shapes stay; the values go

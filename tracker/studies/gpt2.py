@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -186,7 +187,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
                 if decoder is not None and base_generation is not None:
                     with study.steps.step("generation"):
                         metrics, params, rooflines = _generation_attempt(
-                            name, decoder.path, base_generation, config, info, study.machine,
+                            name, decoder.path, study.graph_of, base_generation, config, info, study.machine,
                             work / "generation" / name)
                     study.add_phase_rooflines(name, rooflines)
                 study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES,
@@ -195,17 +196,17 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
 
 
 def _generation_attempt(
-    name: str, decoder: Path, baseline: GenerationResult, config: GPT2StudyConfig, info: ModelInfo,
-    machine: MachinePeaks | None, workdir: Path,
+    name: str, decoder: Path, graph_of: Callable[[Path], onnx.ModelProto], baseline: GenerationResult,
+    config: GPT2StudyConfig, info: ModelInfo, machine: MachinePeaks | None, workdir: Path,
 ) -> tuple[dict[str, float], dict[str, str], dict[str, Roofline]]:
-    """The registry entry `name` applied to the decode-ready baseline, its generation measured and checked against
-    the baseline's with the tolerance of its precision: (gen.* metrics, gen.* params, the phases' rooflines). An
+    """The registry entry `name` applied to the decode-ready baseline (whose graph the entry checks comes from
+    `graph_of`, `Study.graph_of`: read once per study, without the weights), its generation measured and checked
+    against the baseline's with the tolerance of its precision: (gen.* metrics, gen.* params, the phases' rooflines). An
     entry that does not apply or fails is data: `gen.error`."""
     entry = get_entry(name)
     context = Context(info=info)
     try:
-        graph = onnx.load(str(decoder), load_external_data=False)
-        reason = entry.why_not(graph, context)
+        reason = entry.why_not(graph_of(decoder), context)
         if reason is not None:
             return {}, {"gen.error": f"does not apply to the decode-ready model: {reason}"}, {}
         candidate = entry.make(decoder, workdir, context)
