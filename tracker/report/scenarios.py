@@ -4,7 +4,6 @@ from the attempts' `gen.*` metrics. For each: the best attempt, and the roof the
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -161,66 +160,14 @@ def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, 
     return pd.DataFrame(records, columns=list(SCENARIO_COLUMNS))
 
 
-def scenario_parts(rows: Sequence[AttemptRow], *, forward_rooflines: Mapping[str, R.Roofline] | None,
-                   phase_rooflines: Mapping[str, Mapping[str, R.Roofline]] | None) -> tuple[list, dict[str, pd.DataFrame]]:
-    """The report's scenarios section (HTML strings and figures) and its tables ("scenarios", "generation"); nothing
-    when no attempt has generation figures."""
-    generation = generation_table(rows)
-    if generation.empty:
-        return [], {}
-    scenarios = scenarios_table(rows, forward_rooflines)
-    parts = ["<h2>Scenarios: forward, prefill and decode</h2>",
-             "<p>Each scenario's best attempt is the largest speed-up among those faster than the baseline beyond "
-             "the noise, whose accuracy check passed (forward: the attempt's check; prefill and decode: the "
-             "generation check, the attempt's next-token logits along the baseline's tokens within the bounds of "
-             "its precision), else the baseline. Its roof is the one most of its kernel time sits under.</p>",
-             _html_table(scenarios), "<p>" + " ".join(_roof_sentences(scenarios)) + "</p>",
-             "<h3>Every attempt in each phase</h3>", _html_table(generation)]
-    chart = _phase_chart(phase_rooflines or {})
-    if chart is not None:
-        parts.append(chart)
-    return parts, {"scenarios": scenarios, "generation": generation}
-
-
-def _roof_sentences(scenarios: pd.DataFrame) -> list[str]:
+def roof_sentences(scenarios: pd.DataFrame) -> list[str]:
+    """One plain-text sentence per scenario of `scenarios_table` whose roof is known: its best attempt, the roof,
+    and where the matrix products run against it."""
     out = []
     for row in scenarios.to_dict("records"):
         if row["roof"] is None or pd.isna(row["matmul_pct_peak"]):
             continue
-        out.append(f"{html.escape(row['scenario'].capitalize())} ({html.escape(row['measured'])}, "
-                   f"{html.escape(str(row['best']))}): bound by {row['roof']}; the matrix products run at "
-                   f"{row['matmul_flop_per_byte']:.3g} FLOP per byte, {row['matmul_pct_peak']:.0f} % of the roof "
-                   f"there.")
+        out.append(f"{row['scenario'].capitalize()} ({row['measured']}, {row['best']}): bound by {row['roof']}; "
+                   f"the matrix products run at {row['matmul_flop_per_byte']:.3g} FLOP per byte, "
+                   f"{row['matmul_pct_peak']:.0f} % of the roof there.")
     return out
-
-
-def _html_table(table: pd.DataFrame) -> str:
-    def cell(value) -> str:
-        if value is None or (isinstance(value, float) and pd.isna(value)):
-            return "–"
-        if isinstance(value, float):
-            return f"{value:.3g}"
-        return html.escape(str(value))
-
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in table.columns)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
-                   for row in table.itertuples(index=False))
-    return f'<div class="table"><table><tr>{head}</tr>{body}</table></div>'
-
-
-_PHASE_OPS = 3  # op types with FLOPs per attempt and phase in the chart, the slowest first
-
-
-def _phase_chart(phase_rooflines: Mapping[str, Mapping[str, R.Roofline]]):
-    from tracker.report.charts import roofline_chart
-
-    parts, machine = [], None
-    for attempt, phases in phase_rooflines.items():
-        for phase, roofline in phases.items():
-            machine = machine or roofline.machine
-            table = roofline.table[roofline.table[R.GFLOP_PER_RUN] > 0].head(_PHASE_OPS)
-            parts.append(table.assign(series=f"{attempt} · {phase}"))
-    if not parts:
-        return None
-    return roofline_chart(pd.concat(parts, ignore_index=True), machine=machine, series="series",
-                          title=f"Prefill and decode: the {_PHASE_OPS} slowest op types with FLOPs of each attempt")

@@ -15,7 +15,7 @@ from tracker.measure import roofline as R
 from tracker.measure.speedup import describe
 from tracker.report.charts import roofline_chart
 from tracker.report.page import write_page
-from tracker.report.scenarios import scenario_parts
+from tracker.report.scenarios import generation_table, roof_sentences, scenarios_table
 from tracker.report.rows import (
     BEST,
     COSINE,
@@ -48,6 +48,7 @@ VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101"
                   "rejected": "#a50026", "failed": "#222222", "disturbed": "#b8860b"}
 _TOP_OPS = 12
 _ROOFLINE_OPS = 5  # op types per attempt in the study's roofline chart, the slowest with FLOPs
+_PHASE_OPS = 3  # op types per attempt and phase in the scenarios' roofline chart, the slowest with FLOPs
 _OTHER = "(other)"
 
 
@@ -69,13 +70,12 @@ def build_study_report(
     Args:
         rooflines: the attempts' rooflines by attempt name: a roofline section with their main op types.
         phase_rooflines: the generation phases' rooflines by attempt name and phase: drawn in the scenarios
-            section, which the report has when some row has generation figures (`scenarios.scenario_parts`).
+            section, which the report has when some row has generation figures (`tracker.report.scenarios`).
     """
     tables = report_tables(rows, best=best)
-    scenario_parts_, scenario_tables = scenario_parts(rows, forward_rooflines=rooflines,
-                                                      phase_rooflines=phase_rooflines)
+    scenario_parts, scenario_tables = _scenario_parts(rows, rooflines or {}, phase_rooflines or {})
     path = _write(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best,
-                  rooflines=rooflines, extra_parts=scenario_parts_)
+                  rooflines=rooflines, extra_parts=scenario_parts)
     return StudyReport(html=path, tables={**tables, **scenario_tables})
 
 
@@ -117,12 +117,8 @@ def _roofline_parts(rooflines: Mapping[str, R.Roofline]) -> list:
     if not rooflines:
         return []
     machine = next((r.machine for r in rooflines.values() if r.machine is not None), None)
-    main = []
-    for name, roofline in rooflines.items():
-        table = roofline.table[roofline.table[R.GFLOP_PER_RUN] > 0].head(_ROOFLINE_OPS)
-        main.append(table.assign(attempt=name))
-    chart = roofline_chart(pd.concat(main, ignore_index=True), machine=machine, series="attempt",
-                           title=f"The {_ROOFLINE_OPS} slowest op types with FLOPs of each attempt, against the roofs")
+    chart = _rooflines_chart(rooflines, top=_ROOFLINE_OPS, title=(
+        f"The {_ROOFLINE_OPS} slowest op types with FLOPs of each attempt, against the roofs"))
     if machine is None:
         roofs = "The machine was not measured: no roofs."
     else:
@@ -141,6 +137,44 @@ def _roofline_parts(rooflines: Mapping[str, R.Roofline]) -> list:
             for name, r in rooflines.items()]
     return ["<h2>Against the machine's limits (roofline)</h2>", f"<p>{roofs}</p>",
             _table(head, body, classes=None), chart]
+
+
+def _rooflines_chart(rooflines: Mapping[str, R.Roofline], *, top: int, title: str):
+    """The `top` slowest op types with FLOPs of each roofline on one chart, a series per label."""
+    machine = next((r.machine for r in rooflines.values() if r.machine is not None), None)
+    main = [roofline.table[roofline.table[R.GFLOP_PER_RUN] > 0].head(top).assign(series=label)
+            for label, roofline in rooflines.items()]
+    return roofline_chart(pd.concat(main, ignore_index=True), machine=machine, series="series", title=title)
+
+
+def _scenario_parts(rows: Sequence[AttemptRow], rooflines: Mapping[str, R.Roofline],
+                    phase_rooflines: Mapping[str, Mapping[str, R.Roofline]]) -> tuple[list, dict[str, pd.DataFrame]]:
+    """The scenarios section (HTML and a chart of each attempt's prefill and decode) and its tables ("scenarios",
+    "generation"); nothing when no attempt has generation figures."""
+    generation = generation_table(rows)
+    if generation.empty:
+        return [], {}
+    scenarios = scenarios_table(rows, rooflines)
+    parts = ["<h2>Scenarios: forward, prefill and decode</h2>",
+             "<p>Each scenario's best attempt is the largest speed-up among those faster than the baseline beyond "
+             "the noise, whose accuracy check passed (forward: the attempt's check; prefill and decode: the "
+             "generation check, the attempt's next-token logits along the baseline's tokens within the bounds of "
+             "its precision), else the baseline. Its roof is the one most of its kernel time sits under.</p>",
+             _frame_html(scenarios), "<p>" + _e(" ".join(roof_sentences(scenarios))) + "</p>",
+             "<h3>Every attempt in each phase</h3>", _frame_html(generation)]
+    by_phase = {f"{attempt} · {phase}": roofline
+                for attempt, phases in phase_rooflines.items() for phase, roofline in phases.items()}
+    if by_phase:
+        parts.append(_rooflines_chart(by_phase, top=_PHASE_OPS, title=(
+            f"Prefill and decode: the {_PHASE_OPS} slowest op types with FLOPs of each attempt")))
+    return parts, {"scenarios": scenarios, "generation": generation}
+
+
+def _frame_html(table: pd.DataFrame) -> str:
+    """A table as it is: numbers to 3 significant digits, missing values as a dash."""
+    body = ["<tr>" + "".join(f"<td>{_num(v, '.3g') if isinstance(v, float) else (_e(v) if _present(v) else _NA)}</td>"
+                             for v in row) + "</tr>" for row in table.itertuples(index=False)]
+    return _table(list(table.columns), body, classes=None)
 
 
 def _speedup_chart(attempts: pd.DataFrame, labels: Sequence[str]):
