@@ -290,8 +290,9 @@ class GenerationResult:
     def metrics(self) -> dict[str, float]:
         """`gen.*` metric values: `gen.<phase>.<length>.speedup*` and `gen.<phase>.<length>.roofline.*` per phase
         (`phase_prefix`)."""
-        metrics = {f"gen.prefill.s{n}.p50_ms": lat.p50_ms for n, lat in self.prefill.items()}
-        metrics.update({f"gen.decode.past{n}.p50_ms": lat.p50_ms for n, lat in self.decode.items()})
+        metrics = {phase_prefix(phase, n) + "p50_ms": lat.p50_ms
+                   for phase, latencies in ((PREFILL, self.prefill), (DECODE, self.decode))
+                   for n, lat in latencies.items()}
         metrics.update({"gen.ttft_ms": self.ttft_ms, "gen.tokens_per_s": self.tokens_per_s,
                         "gen.decode_tokens_per_s": self.decode_tokens_per_s})
         for phase, speedup in self.speedups.items():
