@@ -161,26 +161,26 @@ def _gemm_gflops(n: int, runs: int, threads: int) -> tuple[float, int]:
     feeds = {"X": np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)}
     for _ in range(2):  # kernel selection, thread pool start, first touch of the output
         session.run(None, feeds)
-    times, start = [], time.perf_counter()
-    while len(times) < runs or time.perf_counter() - start < GEMM_MIN_SECONDS:
-        times.append(_seconds(lambda: session.run(None, feeds)))
-    return 2.0 * n**3 / min(times) / 1e9, len(times)
+    best, timed = _best_seconds(lambda: session.run(None, feeds), runs=runs, min_seconds=GEMM_MIN_SECONDS)
+    return 2.0 * n**3 / best / 1e9, timed
+
+
+def _gemv_cols(nbytes: int) -> int:
+    return max(1, nbytes // 4 // GEMV_K)
 
 
 def gemv_model(nbytes: int):
     """`gemm_model` of one row by a weight of `nbytes` bytes (GEMV_K rows): the memory roof's kernel."""
-    return gemm_model(GEMV_K, rows=1, cols=max(1, nbytes // 4 // GEMV_K), random=False)
+    return gemm_model(GEMV_K, rows=1, cols=_gemv_cols(nbytes), random=False)
 
 
 def _gemv_gbps(nbytes: int, runs: int, threads: int) -> float:
-    model = gemv_model(nbytes)
-    weight_bytes = 4 * GEMV_K * model.graph.output[0].type.tensor_type.shape.dim[1].dim_value
-    session = make_session(model, SessionConfig(intra_op_num_threads=threads))
-    model = None  # the session holds its own (pre-packed) copy of the weight
+    # the session holds its own (pre-packed) copy of the weight; the model's goes when this call returns
+    session = make_session(gemv_model(nbytes), SessionConfig(intra_op_num_threads=threads))
     feeds = {"X": np.ones((1, GEMV_K), dtype=np.float32)}
     session.run(None, feeds)
-    best = min(_seconds(lambda: session.run(None, feeds)) for _ in range(runs))
-    return weight_bytes / best / 1e9
+    best, _ = _best_seconds(lambda: session.run(None, feeds), runs=runs)
+    return 4 * GEMV_K * _gemv_cols(nbytes) / best / 1e9
 
 
 def _memory_gbps(nbytes: int, runs: int, threads: int) -> tuple[float, float]:
@@ -195,15 +195,19 @@ def _memory_gbps(nbytes: int, runs: int, threads: int) -> tuple[float, float]:
         bounds = np.linspace(0, source.size, count + 1).astype(int)
         parts = list(zip(bounds[:-1], bounds[1:]))
         with ThreadPoolExecutor(max_workers=count) as pool:  # numpy copies and sums without the GIL: chunks go at once
-            copy = min(copy, *(_seconds(lambda: list(pool.map(lambda p: np.copyto(target[p[0]:p[1]],
-                                                                                  source[p[0]:p[1]]), parts)))
-                               for _ in range(runs)))
-            read = min(read, *(_seconds(lambda: list(pool.map(lambda p: source[p[0]:p[1]].sum(), parts)))
-                               for _ in range(runs)))
+            copy = min(copy, _best_seconds(lambda: list(pool.map(
+                lambda p: np.copyto(target[p[0]:p[1]], source[p[0]:p[1]]), parts)), runs=runs)[0])
+            read = min(read, _best_seconds(lambda: list(pool.map(lambda p: source[p[0]:p[1]].sum(), parts)),
+                                           runs=runs)[0])
     return 2.0 * source.nbytes / copy / 1e9, source.nbytes / read / 1e9
 
 
-def _seconds(work) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
+def _best_seconds(work, *, runs: int, min_seconds: float = 0.0) -> tuple[float, int]:
+    """(the fastest of the runs of `work`, the runs made): at least `runs`, and as many more as `min_seconds`
+    of runs take."""
+    times, start = [], time.perf_counter()
+    while len(times) < runs or time.perf_counter() - start < min_seconds:
+        begin = time.perf_counter()
+        work()
+        times.append(time.perf_counter() - begin)
+    return min(times), len(times)
