@@ -345,16 +345,16 @@ def measure_generation(
         config.check_positions(max_positions)
     decoder = DecoderSession.open(model, session)
     vocab = _vocab_size(decoder)
-    prefill = {}
-    for n in config.prefill_lens:
-        feeds = decoder.phase_feeds(_phase_tokens(config, PREFILL, n, vocab), 0)
-        logger.info("generation: timing the prompt pass of %d tokens", n)
-        prefill[n] = time_runs(lambda f=feeds: decoder.session.run(None, f), config.timing)
-    decode = {}
-    for p in config.decode_past_lens:
-        feeds = decoder.phase_feeds(_phase_tokens(config, DECODE, p, vocab), p)
-        logger.info("generation: timing one token after a past of %d", p)
-        decode[p] = time_runs(lambda f=feeds: decoder.session.run(None, f), config.timing)
+    lens = config.phase_lens
+    latencies: dict[str, dict[int, Latency]] = {PREFILL: {}, DECODE: {}}
+    phase_feeds = {}  # each phase's feeds at its length, for its roofline
+    for phase, lengths in ((PREFILL, config.prefill_lens), (DECODE, config.decode_past_lens)):
+        for n in lengths:
+            feeds = decoder.phase_feeds(_phase_tokens(config, phase, n, vocab), _past_len(phase, n))
+            logger.info("generation: timing the %s at %d", phase, n)
+            latencies[phase][n] = time_runs(lambda f=feeds: decoder.session.run(None, f), config.timing)
+            if n == lens[phase]:
+                phase_feeds[phase] = feeds
     prompt = _random_tokens(np.random.default_rng([config.seed, 1]), config.prompt_len, vocab)
     logger.info("generation: %d greedy generations of %d tokens", config.generation_runs, config.new_tokens)
     decoder.greedy(prompt, config.new_tokens)  # untimed: the first generation allocates the growing pasts
@@ -366,9 +366,6 @@ def measure_generation(
     if reference is not None:
         logger.info("generation: feeding the reference's %d tokens", reference.tokens.shape[1])
         along = tuple(decoder.forced_logits(reference.prompt, reference.tokens))
-    lens = config.phase_lens
-    phase_feeds = {phase: decoder.phase_feeds(_phase_tokens(config, phase, lens[phase], vocab),
-                                              0 if phase == PREFILL else lens[phase]) for phase in PHASES}
     decoder = None  # free this session before the profiled and the interleaved ones
     rooflines = {}
     if config.roofline_runs:
@@ -384,13 +381,12 @@ def measure_generation(
         if length is None:
             continue
         logger.info("generation: timing the %s at %d against the baseline", phase, length)
-        tokens = _phase_tokens(config, phase, length, vocab)
-        past_len = 0 if phase == PREFILL else length
+        tokens, past_len = _phase_tokens(config, phase, length, vocab), _past_len(phase, length)
         speedups[phase] = measure_speedup(_phase_runners(baseline, session, tokens, past_len),
                                           _phase_runners(model, session, tokens, past_len), speedup or SpeedupConfig())
     return GenerationResult(
-        prefill=prefill,
-        decode=decode,
+        prefill=latencies[PREFILL],
+        decode=latencies[DECODE],
         ttft_ms=first_s * 1e3,
         tokens_per_s=config.new_tokens / total_s,
         decode_tokens_per_s=(config.new_tokens - 1) / rest_s if config.new_tokens > 1 else float("nan"),
@@ -400,6 +396,11 @@ def measure_generation(
         rooflines=rooflines,
         along_reference=along,
     )
+
+
+def _past_len(phase: str, length: int) -> int:
+    """The past a phase's step runs after: none for a prompt pass, `length` for a decode step."""
+    return 0 if phase == PREFILL else length
 
 
 def _phase_tokens(config: GenerationConfig, phase: str, length: int, vocab: int) -> np.ndarray:
