@@ -27,7 +27,8 @@ from tracker.measure.roofline import Roofline
 from tracker.measure.task_diff import TaskTolerance
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
-from tracker.optimize import Candidate, Context, Entry, ModelInfo, get_entry
+from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE
+from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo, get_entry
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
 from tracker.report.scenarios import scenario_bests, scenario_tags
@@ -105,12 +106,14 @@ class Study:
         logger.info("study %s: run %s", self.name, self.run.info.run_id)
         return self
 
-    def attempt(self, name: str | Attempt, model: onnx.ModelProto | str | Path | None = None, **kwargs) -> AttemptResult:
+    def attempt(self, name: str | Attempt, model: onnx.ModelProto | str | Path | None = None, *,
+                tags: Mapping[str, str] | None = None, **kwargs) -> AttemptResult:
         """Measures and logs one attempt as a nested run; a failure is logged and returned, not raised.
 
         Args:
             name: the attempt's name, or a ready `Attempt` (then `model` and `kwargs` must be absent).
             model: the model, in memory or as a path.
+            tags: the run's tags on top of the study's (e.g. a chain's lineage).
             **kwargs: other `Attempt` fields (runtime, session, new_ops, tolerance, description, ...).
         """
         if self._run_cm is None:
@@ -126,7 +129,7 @@ class Study:
             evaluate=self.evaluate,
             log_model=self.log_models,
             latency_feeds=self.latency_feeds,
-            tags=self.tags,
+            tags={**self.tags, **(tags or {})},
             machine=self.machine,
         )
         self.results.append(result)
@@ -134,7 +137,7 @@ class Study:
 
     def optimize(
         self,
-        entry: str,
+        entry: str | Entry,
         source: onnx.ModelProto | str | Path,
         *,
         name: str | None = None,
@@ -150,7 +153,8 @@ class Study:
         the reason, and None is returned; the study goes on.
 
         Args:
-            entry: a name in `tracker.optimize.REGISTRY`.
+            entry: an entry, or its name as `tracker.optimize.get_entry` reads it (a registered name, a variant
+                `int8_dynamic:per_channel=true`, a chain `attention_fused+int8_dynamic`).
             source: the model to optimize, in memory or as a path.
             name: the attempt's name (default: the entry's).
             info: heads and hidden size, for the entries that fuse transformer blocks.
@@ -163,10 +167,10 @@ class Study:
         """
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
-        found = get_entry(entry)
+        found = get_entry(entry) if isinstance(entry, str) else entry
         name = name or found.name
         check_name("attempt", name)
-        context = Context(info=info, runtime=runtime, feeds=self.feeds)
+        context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._workdir / "prepared")
         logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
         # A session entry makes nothing: no optimize step in the study's time table.
         step = nullcontext() if found.kind == "session" else self.steps.step("optimize")
@@ -174,14 +178,11 @@ class Study:
             with step:
                 source_path = self._on_disk(source, name)
                 graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
-                reason = found.why_not(graph, context)
-                if reason is not None:
-                    raise ValueError(f"{found.name} does not apply to this model: {reason}")
                 start = time.perf_counter()
-                candidate = found.make(source_path, self._workdir / name / "optimized", context)
+                candidate = found(source_path, self._workdir / name / "optimized", context, graph=graph)
                 seconds = time.perf_counter() - start
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
-            self.record_failure(name, e, runtime=runtime)
+            self.record_failure(name, e, runtime=runtime, tags=lineage_tags(found))
             return None
         # A session entry measures its source as given (in memory or not), with other settings.
         model = source if candidate.path == source_path else candidate.path
@@ -190,6 +191,7 @@ class Study:
         return self.attempt(
             name,
             model,
+            tags=lineage_tags(found),
             runtime=runtime,
             session=replace(session or SessionConfig(), **candidate.session),
             new_ops=fields.pop("new_ops", candidate.new_ops),
@@ -220,12 +222,13 @@ class Study:
         onnx.save_model(source, str(path))
         return path
 
-    def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime") -> None:
+    def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime",
+                       tags: Mapping[str, str] | None = None) -> None:
         """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
         parent_run_id, experiment_id = write.current_ids()
-        record = AttemptRecord(name, self.name, runtime, tags=dict(self.tags), parent_run_id=parent_run_id,
+        record = AttemptRecord(name, self.name, runtime, tags={**self.tags, **(tags or {})}, parent_run_id=parent_run_id,
                                experiment_id=experiment_id)
         self.failures[name] = _mark_failed(record, error)
         _log_or_keep(record)  # the same way as a measured attempt: to the store, else to the outbox
@@ -416,6 +419,13 @@ def _candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tu
         metrics["fusion.fully_optimized"] = float(candidate.fully_optimized)
     params = {**candidate.params, "precision": candidate.precision, "applied": str(candidate.applied)}
     return metrics, params
+
+
+def lineage_tags(entry: Entry) -> dict[str, str]:
+    """A chain's lineage: `tracker.pipeline` (its steps) and `tracker.parent_attempt` (every step but the last)."""
+    if not isinstance(entry, Chain):
+        return {}
+    return {TAG_PIPELINE: entry.name, TAG_PARENT_ATTEMPT: entry.parent}
 
 
 def _measure_machine() -> MachinePeaks | None:

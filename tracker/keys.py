@@ -26,6 +26,9 @@ TAG_ROLE = "tracker.role"
 TAG_BEST = "tracker.best_attempt"
 NO_BEST = "none passed"  # the value of TAG_BEST when no attempt qualifies
 TAG_VERDICT = "tracker.verdict"
+TAG_PIPELINE = "tracker.pipeline"  # a chain's steps, e.g. "attention_fused+int8_dynamic"
+TAG_PARENT_ATTEMPT = "tracker.parent_attempt"  # the attempt a chain extends (every step but its last)
+TAG_SEARCH_STAGE = "tracker.search.stage"  # the search stage an attempt run was measured in
 TAG_DISTURBED = "tracker.disturbed"  # measuring steps other processes disturbed, e.g. "latency,profiling"
 TAG_WEIGHTS = "tracker.weights"  # where a GPT-2 study's weights came from (random, not pretrained)
 TAG_MODEL_FORMAT = "tracker.model_format"  # set when the model is a plain artifact, not the onnx flavor
@@ -93,10 +96,10 @@ def logged_model_name(study: str | None, attempt: str) -> str:
     """The name of an attempt's MLflow logged model: `<study>-<attempt>`, or `<attempt>` outside a study.
 
     Not `<study>.<attempt>`: MLflow 3.17 refuses a logged model name holding `.`, `/`, `:`, `%` or quotes,
-    so a dot inside a study or attempt name becomes `_`. The model's tags `tracker.study` and
+    so a dot inside a study or attempt name becomes `_` (and the `+` of a chain `_then_`). The model's tags `tracker.study` and
     `tracker.attempt` carry the exact names.
     """
-    return "-".join(part.replace(".", "_") for part in (study, attempt) if part)
+    return "-".join(part.replace(".", "_").replace("+", "_then_") for part in (study, attempt) if part)
 
 
 def feeds_dataset_name(study: str | None, attempt: str) -> str:

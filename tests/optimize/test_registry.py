@@ -13,7 +13,7 @@ from tests.optimize.conftest import SMALL_MODELS
 from tracker.measure.attempt import Attempt
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.runtime import get_runtime
-from tracker.optimize import KINDS, REGISTRY, Context, applicable, apply, get_entry
+from tracker.optimize import KINDS, REGISTRY, Context, EntryError, applicable, apply, get_entry
 from tracker.optimize.add_eyelike import make_linear_model
 
 CASES = [pytest.param(name, runtime, id=f"{name}-{runtime}")
@@ -90,7 +90,7 @@ def test_get_entry_rejects_an_unknown_name_and_lists_the_known_ones(tmp_path):
         apply("turbo", tmp_path / "model.onnx", tmp_path)
 
 
-def test_a_transformer_entry_without_heads_and_hidden_size_says_what_it_needs(small_models, tmp_path):
+def test_a_transformer_entry_on_a_model_it_does_not_apply_to_says_why_before_making_anything(small_models, tmp_path):
     source = small_models("linear_eyelike")
-    with pytest.raises(ValueError, match="ort_opt_basic needs the model's num_heads and hidden_size"):
+    with pytest.raises(EntryError, match="ort_opt_basic does not apply to this model: no attention"):
         apply("ort_opt_basic", source.path, tmp_path, Context())

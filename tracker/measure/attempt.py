@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 TRACE_LEVELS = (1, 2, 3, 4)
 
 
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+# `+` joins the steps of a chain (`attention_fused+int8_dynamic`).
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
 
 
 def check_name(kind: str, name: str) -> None:
@@ -49,7 +50,7 @@ def check_name(kind: str, name: str) -> None:
     """
     if not isinstance(name, str) or not _NAME.fullmatch(name) or ".." in name:
         raise ValueError(
-            f"{kind} name must be 1-100 letters, digits, '_', '-' or '.' (not starting with '.' or '-', "
+            f"{kind} name must be 1-100 letters, digits, '_', '-', '+' or '.' (not starting with '.', '+' or '-', "
             f"no '..'), got {name!r}"
         )
 

@@ -1,7 +1,9 @@
 """The one registry of optimization attempts, of every kind: session settings, tool transforms, hand-written fusions.
 
-Each entry is an `Entry` in a module of its own (two levels of one tool share one): what it applies to and
-how it makes a `Candidate` from a source model file. Adding one is a new module plus one line below; the
+Each entry is an `Entry` in a module of its own (two levels of one tool share one): what it applies to
+(`requires`), how it makes a `Candidate` from a source model file (`make`), and its knobs (fields of a frozen
+dataclass, so a search space is data). `get_entry` also spells variants (`int8_dynamic:per_channel=true`) and
+chains (`attention_fused+int8_dynamic`). Adding one is a new module plus one line below; the
 common test (`tests/optimize/test_registry.py`) then runs it on a small model it applies to. A study runs an
 entry with `Study.optimize(name, source, ...)`. The baseline (the source model) is not an entry.
 """
@@ -14,7 +16,8 @@ import onnx
 
 from tracker.optimize import add_eyelike, attention_fusion, fp16, int8, ort_optimizer, session_levels
 from tracker.optimize import int4, int8_static, session_options
-from tracker.optimize.base import KINDS, Candidate, Context, Entry, ModelInfo
+from tracker.optimize.base import KINDS, Candidate, Context, Entry, EntryError, ModelInfo
+from tracker.optimize.chain import SEPARATOR, Chain
 
 REGISTRY: dict[str, Entry] = {
     entry.name: entry
@@ -38,23 +41,61 @@ REGISTRY: dict[str, Entry] = {
 
 
 def get_entry(name: str) -> Entry:
-    """The registered entry `name`.
+    """The entry `name` spells: a registered name, a variant `ENTRY:knob=value,knob=value`, or a chain of
+    those joined by `+` (`attention_fused+int8_dynamic:per_channel=true`).
 
     Raises:
-        ValueError: `name` is not registered (the message lists those that are).
+        ValueError: an unknown entry (the message lists the registered ones), an unknown knob or a value it
+            may not take (the message lists what is allowed).
     """
-    if name not in REGISTRY:
-        raise ValueError(f"unknown optimization {name!r}; registered: {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    steps = [_one_entry(part.strip()) for part in name.split(SEPARATOR)]
+    return steps[0] if len(steps) == 1 else Chain(tuple(steps))
+
+
+def _one_entry(spec: str) -> Entry:
+    base, _, knobs = spec.partition(":")
+    if base not in REGISTRY:
+        raise ValueError(f"unknown optimization {base!r}; registered: {', '.join(REGISTRY)}")
+    entry = REGISTRY[base]
+    if not knobs:
+        return entry
+    values = {}
+    for pair in knobs.split(","):
+        key, sep, text = pair.partition("=")
+        if not sep:
+            raise ValueError(f"{spec!r}: expected ENTRY:KNOB=VALUE,KNOB=VALUE, got {pair!r}")
+        values[key.strip()] = parse_knob_value(entry, key.strip(), text.strip())
+    return entry.variant(**values)
+
+
+def parse_knob_value(entry: Entry, key: str, text: str) -> object:
+    """A knob's value from its text: true/false, an integer, one of its choices, or node names joined by `;`.
+
+    Raises:
+        ValueError: `entry` has no knob `key`, or `text` is none of its values (the message lists them).
+    """
+    knobs = entry.knobs()
+    if key not in knobs:
+        raise ValueError(f"{entry.name} has no knob {key!r}; its knobs: {', '.join(knobs) or 'none'}")
+    choices = knobs[key].choices
+    if choices is None:
+        return tuple(n for n in text.split(";") if n)
+    for choice in choices:
+        if text.lower() == str(choice).lower():
+            return choice
+    raise ValueError(f"{entry.name}: {key}={text} is not allowed; expected one of "
+                     f"{', '.join(str(c).lower() if isinstance(c, bool) else str(c) for c in choices)}")
 
 
 def apply(name: str, source: Path, target_dir: Path, context: Context | None = None) -> Candidate:
-    """Runs the registered entry `name` on the model file `source`, writing under `target_dir`.
+    """Runs the entry `name` (`get_entry`) on the model file `source`, writing under `target_dir`: requires,
+    make, ensures (`Entry.__call__`).
 
     Raises:
-        ValueError: `name` is not registered, or the entry needs what `context` lacks.
+        ValueError: `name` is not registered, the entry does not apply (`EntryError`, with the reason), or it
+            needs what `context` lacks.
     """
-    return get_entry(name).make(Path(source), Path(target_dir), context or Context())
+    return get_entry(name)(Path(source), Path(target_dir), context or Context())
 
 
 def applicable(model: onnx.ModelProto, context: Context) -> dict[str, str | None]:
@@ -62,4 +103,5 @@ def applicable(model: onnx.ModelProto, context: Context) -> dict[str, str | None
     return {name: entry.why_not(model, context) for name, entry in REGISTRY.items()}
 
 
-__all__ = ["KINDS", "REGISTRY", "Candidate", "Context", "Entry", "ModelInfo", "applicable", "apply", "get_entry"]
+__all__ = ["KINDS", "REGISTRY", "Candidate", "Chain", "Context", "Entry", "EntryError", "ModelInfo", "applicable",
+           "apply", "get_entry", "parse_knob_value"]

@@ -12,7 +12,7 @@ import onnx
 from onnx import helper
 from onnx.reference.op_run import OpRun
 
-from tracker.optimize.base import Candidate, Context, Entry, prepare_output, save_proto
+from tracker.optimize.base import Candidate, Context, FunctionEntry, prepare_output, save_proto
 
 DOMAIN = "tracker.fusions"
 OPSET_VERSION = 1
@@ -214,5 +214,5 @@ def has_eyelike_add(model: onnx.ModelProto, context: Context) -> str | None:
     return "no EyeLike(A) added to A in the graph"
 
 
-ENTRY = Entry("add_eyelike", "fusion", "hand-written fusion EyeLike(A) + A -> AddEyeLike(A), a custom op",
+ENTRY = FunctionEntry("add_eyelike", "fusion", "hand-written fusion EyeLike(A) + A -> AddEyeLike(A), a custom op",
               add_eyelike, has_eyelike_add, runtimes=("onnxruntime", "reference"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tracker.optimize.base import Candidate, Context, Entry, copy_model, info_source, prepare_output, transformer
+from tracker.optimize.base import Candidate, Context, FunctionEntry, copy_model, info_source, prepare_output, transformer
 
 logger = logging.getLogger(__name__)
 
@@ -139,5 +139,5 @@ def _count_ms_ops(model) -> dict[str, int]:
     return counts
 
 
-ENTRY = Entry(NAME, "transform", "onnxscript's ORT fusions: attention into MultiHeadAttention, layer norms, GELU",
+ENTRY = FunctionEntry(NAME, "transform", "onnxscript's ORT fusions: attention into MultiHeadAttention, layer norms, GELU",
               attention_fused, transformer)

@@ -7,7 +7,7 @@ from pathlib import Path
 from tracker.optimize.base import (
     Candidate,
     Context,
-    Entry,
+    FunctionEntry,
     needs_external_data,
     ort_fused_counts,
     prepare_output,
@@ -52,5 +52,5 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
     )
 
 
-ENTRY = Entry("ort_opt_fp16", "transform", "ORT's optimizer at opt_level 1, then float16 weights and compute",
+ENTRY = FunctionEntry("ort_opt_fp16", "transform", "ORT's optimizer at opt_level 1, then float16 weights and compute",
               ort_opt_fp16, transformer)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -18,10 +18,11 @@ from tracker.optimize.base import (
     count_ops,
     float_weights,
     has_matmul_weights,
+    knob,
     prepare_output,
     save_proto,
 )
-from tracker.optimize.int8_static import LARGE_MODEL_BYTES, model_bytes, pre_process
+from tracker.optimize.prepare import model_bytes, prepared
 
 # MatMulNBits' accuracy_level 4 computes with int8 activations (quantized per block inside the kernel)
 # instead of float32: on GPT-2 small (seq 32, 2 cores) it is 1.47x faster than the baseline where the
@@ -50,19 +51,41 @@ def _quiet_quantizer() -> Iterator[None]:
         quantizer_logger.setLevel(quantizer_level)
 
 
-def _quantize_with_block(block_size: int):
-    name = f"int4_block{block_size}"
+@dataclass(frozen=True)
+class Int4(Entry):
+    """int4 weight-only MatMul weights (`MatMulNBits`), on the source pre-processed once (`quant_pre_process`,
+    without shape inference), with plain Gemms rewritten as MatMul + Add so their weights can be quantized.
 
-    def make(source: Path, target_dir: Path, context: Context) -> Candidate:
+    Knobs: `block_size` (weights per scale), `accuracy_level` (4: int8 compute inside the kernel; 0: fp32),
+    `symmetric` (no zero point), `exclude` (nodes of the pre-processed graph left in fp32).
+    """
+
+    name: str = "int4_block32"
+    block_size: int = knob(32, (16, 32, 64, 128), search=(32, 128), short="b")
+    accuracy_level: int = knob(ACCURACY_LEVEL, (0, 1, 2, 3, 4), search=(0, 4), short="acc")
+    symmetric: bool = knob(True, (False, True), short="sym")
+    exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
+
+    kind = "quantization"
+
+    @property
+    def summary(self) -> str:
+        return (f"int4 weight-only MatMul weights (MatMulNBits, {'symmetric ' if self.symmetric else ''}blocks of "
+                f"{self.block_size}, {'int8' if self.accuracy_level == 4 else 'level ' + str(self.accuracy_level)} compute)")
+
+    def __post_init__(self) -> None:
+        self.check_knobs()
+
+    def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
+        return has_matmul_weights(model, context)
+
+    def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
         from onnxruntime.quantization.onnx_model import ONNXModel
 
-        target = prepare_output(source, target_dir, name)
+        target = prepare_output(source, target_dir, self.name)
         source_bytes = model_bytes(source)
-        # The pre-processed model is an intermediate: it lives and dies in a folder under target_dir.
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"{name}.") as work:
-            prepared = Path(work) / "pre_processed.onnx"
-            pre_process(source, prepared, shape_inference=False, large=source_bytes >= LARGE_MODEL_BYTES)
-            model = onnx.load_model(str(prepared), load_external_data=True)
+        with prepared(source, target.parent, context, how="quant_pre_process", entry=self.name) as ready:
+            model = onnx.load_model(str(ready.path), load_external_data=True)
         gemms = count_ops(model, ("Gemm",))["Gemm"]
         # The quantizer takes MatMul only, and torch exports most linear layers as Gemm: ORT's own rewrite
         # (the one quantize_dynamic uses) makes each plain Gemm a MatMul + Add, transposing a transB weight.
@@ -73,7 +96,8 @@ def _quantize_with_block(block_size: int):
             from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
             quantizer = MatMulNBitsQuantizer(
-                wrapped.model, bits=4, block_size=block_size, is_symmetric=True, accuracy_level=ACCURACY_LEVEL
+                wrapped.model, bits=4, block_size=self.block_size, is_symmetric=self.symmetric,
+                accuracy_level=self.accuracy_level, nodes_to_exclude=list(self.exclude),
             )
             quantizer.process()
         quantized_model = quantizer.model.model
@@ -87,14 +111,16 @@ def _quantize_with_block(block_size: int):
             "pre-processed with ORT's basic graph optimizations (quant_pre_process: constant folding makes "
             "weights behind a Transpose, such as a tied lm_head, initializers the quantizer takes)",
             f"{rewritten} of {gemms} Gemm rewritten as MatMul + Add so their weights can be quantized",
-            f"{len(nbits)} MatMul weights quantized to int4 (symmetric, block_size {block_size}, "
-            f"accuracy_level {ACCURACY_LEVEL}); {left} MatMul/Gemm float weights left",
+            f"{len(nbits)} MatMul weights quantized to int4 ({'symmetric' if self.symmetric else 'asymmetric'}, "
+            f"block_size {self.block_size}, accuracy_level {self.accuracy_level}); {left} MatMul/Gemm float weights left",
             f"model size {source_bytes / 1e6:.2f} MB -> {target_bytes / 1e6:.2f} MB "
             f"({source_bytes / max(target_bytes, 1):.2f}x smaller)",
         ]
-        padded = sum(1 for k in k_of if k % block_size)
+        if self.exclude:
+            notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
+        padded = sum(1 for k in k_of if k % self.block_size)
         if padded:
-            notes.append(f"{padded} of them have K not a multiple of {block_size}: their last block is zero-padded")
+            notes.append(f"{padded} of them have K not a multiple of {self.block_size}: their last block is zero-padded")
         if not nbits:
             notes.append("nothing was quantized: the model runs as float, with ORT's basic optimizations")
         return Candidate(
@@ -107,21 +133,10 @@ def _quantize_with_block(block_size: int):
             params={
                 "quantization.method": "weight_only",
                 "quantization.bits": "4",
-                "quantization.block_size": str(block_size),
-                "quantization.symmetric": "true",
-                "quantization.accuracy_level": str(ACCURACY_LEVEL),
                 "quantization.quantized_matmuls": str(len(nbits)),
             },
         )
 
-    make.__name__ = name
-    make.__doc__ = f"int4 weight-only quantization of the MatMul (and plain Gemm) weights, in blocks of {block_size}."
-    return make
 
-
-BLOCK32 = Entry("int4_block32", "quantization",
-                "int4 weight-only MatMul weights (MatMulNBits, symmetric blocks of 32, int8 compute)",
-                _quantize_with_block(32), has_matmul_weights)
-BLOCK128 = Entry("int4_block128", "quantization",
-                 "int4 weight-only MatMul weights (MatMulNBits, symmetric blocks of 128, int8 compute)",
-                 _quantize_with_block(128), has_matmul_weights)
+BLOCK32 = Int4()
+BLOCK128 = Int4(name="int4_block128", block_size=128)

@@ -1,7 +1,9 @@
-"""int8: dynamic quantization of the MatMul weights (`onnxruntime.quantization.quantize_dynamic`, QInt8)."""
+"""int8: dynamic quantization of the weights (`onnxruntime.quantization.quantize_dynamic`): int8 weights,
+activations quantized on every run; its knobs are `quantize_dynamic`'s."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
@@ -11,62 +13,94 @@ from tracker.optimize.base import (
     Context,
     Entry,
     count_ops,
-    ort_fused_counts,
+    has_matmul_weights,
+    knob,
     prepare_output,
-    transformer,
 )
-from tracker.optimize.ort_optimizer import BASIC_OPT_LEVEL, optimizer_params, run_ort_optimizer
+from tracker.optimize.prepare import pre_process_for, prepared
 
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul")
+# "all": what quantize_dynamic quantizes when not told (MatMul, Gemm, Gather of embeddings, Attention, Conv...).
+OP_TYPES = ("all", "MatMul", "MatMul,Gemm")
+_PRE_PROCESSED = {"ort_optimizer": "optimized by ORT's transformer optimizer at opt_level 1 (fused)",
+                  "quant_pre_process": "pre-processed by quant_pre_process (ORT's basic optimizations)"}
 
 
-def int8_dynamic(source: Path, target_dir: Path, context: Context) -> Candidate:
-    """Quantizes the ORT-optimized (opt_level 1) graph: int8 weights, activations quantized per run.
+@dataclass(frozen=True)
+class Int8Dynamic(Entry):
+    """int8 weights, activations quantized per run, on the graph pre-processed once (`prepare.prepared`).
 
-    Why not the source graph: a weight read through a Transpose (GPT-2's dynamo export ties lm_head to the
-    embedding that way) is not an initializer the quantizer can see; ORT's opt_level 1 folds the Transpose
-    into a plain (untied) initializer, which is quantized like the others.
+    Why the pre-processed graph, not the source: a weight read through a Transpose (GPT-2's dynamo export ties
+    lm_head to the embedding that way) is not an initializer the quantizer can see; ORT's opt_level 1 (or
+    `quant_pre_process` on a graph that is not a known transformer) folds it into a plain initializer.
+
+    Knobs: `per_channel` (a scale per output channel: what a trained encoder needs, FACTS), `reduce_range`
+    (7-bit weights, for CPUs without VNNI), `weight_type` (S8 or U8 weights against U8 activations),
+    `op_types`, and `exclude` (nodes of the pre-processed graph left in fp32: the sensitivity fallback's).
     """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    info = context.require_info("int8_dynamic", source)
-    target = prepare_output(source, target_dir, "int8_dynamic")
-    tied = transposed_weights(onnx.load_model(str(source), load_external_data=False))
-    optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
-    fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
-    fully = bool(optimized.is_fully_optimized(fusions))
-    quantize_dynamic(
-        optimized.model,
-        target,
-        weight_type=QuantType.QInt8,
-        # ONNX shape inference cannot type the outputs of the fused com.microsoft ops; without a
-        # default the quantizer fails ("Unable to find data type for weight_name=...").
-        extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-    )
-    quantized = count_ops(onnx.load_model(str(target), load_external_data=False), QUANTIZED_OPS)
-    matmuls = quantized["MatMulInteger"] + quantized["DynamicQuantizeMatMul"]
-    notes = [
-        f"quantize_dynamic applied to the ORT opt_level {BASIC_OPT_LEVEL} graph (fused), not to the source graph",
-        f"{matmuls} MatMul weights quantized to int8",
-    ]
-    if tied:
-        notes.append(f"{tied} MatMul weight(s) the source reads through a Transpose (e.g. an lm_head tied to the "
-                     f"embedding) are plain initializers after opt_level {BASIC_OPT_LEVEL}, so they are quantized too")
-    return Candidate(
-        path=target,
-        applied=matmuls > 0,
-        fusions=fusions,
-        fully_optimized=fully,
-        precision="int8",
-        notes=tuple(notes),
-        params={
-            **optimizer_params(info, BASIC_OPT_LEVEL, context),
-            "quantization.method": "dynamic",
-            "quantization.weight_type": "QInt8",
-            "quantization.per_channel": "false",
-            "quantization.quantized_matmuls": str(matmuls),
-        },
-    )
+    name: str = "int8_dynamic"
+    per_channel: bool = knob(False, (False, True), short="pc")
+    reduce_range: bool = knob(False, (False, True), short="rr")
+    weight_type: str = knob("QInt8", ("QInt8", "QUInt8"), short="w")
+    op_types: str = knob("all", OP_TYPES, short="ops")
+    exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
+
+    kind = "transform"
+    summary = "ORT's optimizer at opt_level 1, then int8 MatMul weights (dynamic quantization)"
+
+    def __post_init__(self) -> None:
+        self.check_knobs()
+
+    def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
+        return has_matmul_weights(model, context)
+
+    def pre_process(self, source: Path, context: Context) -> str:
+        return pre_process_for(source, context)
+
+    def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        target = prepare_output(source, target_dir, self.name)
+        tied = transposed_weights(onnx.load_model(str(source), load_external_data=False))
+        with prepared(source, target.parent, context, how=self.pre_process(source, context), entry=self.name) as ready:
+            quantize_dynamic(
+                ready.path,
+                target,
+                weight_type=getattr(QuantType, self.weight_type),
+                per_channel=self.per_channel,
+                reduce_range=self.reduce_range,
+                op_types_to_quantize=None if self.op_types == "all" else self.op_types.split(","),
+                nodes_to_exclude=list(self.exclude),
+                # ONNX shape inference cannot type the outputs of the fused com.microsoft ops; without a
+                # default the quantizer fails ("Unable to find data type for weight_name=...").
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
+        quantized = count_ops(onnx.load_model(str(target), load_external_data=False), QUANTIZED_OPS)
+        matmuls = quantized["MatMulInteger"] + quantized["DynamicQuantizeMatMul"]
+        notes = [
+            f"quantize_dynamic applied to the graph {_PRE_PROCESSED[ready.how]}, not to the source graph",
+            f"{matmuls} MatMul weights quantized to int8 ({'per channel' if self.per_channel else 'per tensor'}, "
+            f"{self.weight_type} weights)",
+        ]
+        if self.exclude:
+            notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
+        if tied:
+            notes.append(f"{tied} MatMul weight(s) the source reads through a Transpose (e.g. an lm_head tied to the "
+                         f"embedding) are plain initializers after pre-processing, so they are quantized too")
+        return Candidate(
+            path=target,
+            applied=matmuls > 0,
+            fusions=ready.fusions,
+            fully_optimized=ready.fully_optimized,
+            precision="int8",
+            notes=tuple(notes),
+            params={
+                **ready.params,
+                "quantization.method": "dynamic",
+                "quantization.quantized_matmuls": str(matmuls),
+            },
+        )
 
 
 def transposed_weights(model: onnx.ModelProto) -> int:
@@ -83,5 +117,4 @@ def transposed_weights(model: onnx.ModelProto) -> int:
     return count
 
 
-ENTRY = Entry("int8_dynamic", "transform", "ORT's optimizer at opt_level 1, then int8 MatMul weights (dynamic quantization)",
-              int8_dynamic, transformer)
+ENTRY = Int8Dynamic()

@@ -1,30 +1,32 @@
-"""int8 static quantization (QDQ): weights and activations in int8, activation ranges calibrated on the
-study's feeds (`onnxruntime.quantization.quantize_static`, MinMax or Percentile)."""
+"""int8 static quantization (QDQ or QOperator): weights and activations in int8, activation ranges calibrated on
+the study's feeds (`onnxruntime.quantization.quantize_static`, MinMax, Entropy or Percentile)."""
 
 from __future__ import annotations
 
 import contextlib
 import io
 import logging
-import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
-from tracker.optimize.base import Candidate, Context, Entry, count_ops, float_weights, prepare_output
+from tracker.optimize.base import Candidate, Context, Entry, count_ops, float_weights, knob, prepare_output
+from tracker.optimize.prepare import LARGE_MODEL_BYTES, model_bytes, prepared
 
 logger = logging.getLogger(__name__)
 
 # The ops that carry weights: quantizing only these keeps activations-only ops (Add, Softmax,
 # LayerNormalization, Gather of an embedding...) in float, where int8 costs accuracy and saves little.
 WEIGHTED_OPS = ("MatMul", "Gemm", "Conv")
-CALIBRATIONS = ("minmax", "percentile")
+CALIBRATIONS = ("minmax", "entropy", "percentile")
+_CALIBRATION_NAMES = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile 99.999"}
+# QOperator and QDQ both take these; the first is every weighted op.
+OP_TYPES = ("MatMul,Gemm,Conv", "MatMul,Gemm", "MatMul", "Conv")
 # A batch of more rows is calibrated in this many chunks of rows: one ORT run per chunk, not per row.
 MAX_CALIBRATION_SAMPLES = 32
-# From this size on, a model's weights must lie in an external data file (protobuf's 2 GiB limit).
-LARGE_MODEL_BYTES = 2**31 - 1
 
 
 def has_weights_and_feeds(model: onnx.ModelProto, context: Context) -> str | None:
@@ -72,50 +74,41 @@ def quantized_nodes(model: onnx.ModelProto) -> int:
     )
 
 
-def model_bytes(path: Path) -> int:
-    """The size of a model: its file plus the external data it points to."""
-    model = onnx.load_model(str(path), load_external_data=False)
-    external = 0
-    for tensor in model.graph.initializer:
-        if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            entries = {e.key: e.value for e in tensor.external_data}
-            external += int(entries.get("length", 0))
-    return Path(path).stat().st_size + external
+@dataclass(frozen=True)
+class Int8Static(Entry):
+    """int8 weights and activations, activation ranges calibrated on the study's feeds (`quantize_static`), on
+    the source pre-processed once (`quant_pre_process` with shape inference).
 
-
-def pre_process(source: Path, target: Path, *, shape_inference: bool, large: bool) -> None:
-    """`quant_pre_process` of `source` into `target`: ORT's basic graph optimizations (constant folding),
-    then ONNX shape inference when `shape_inference`.
-
-    Why: the folding makes weights the quantizer can see out of constant subgraphs (the dynamo GPT-2
-    export ties lm_head to the embedding through a Transpose; folded, it is an int8 constant quantized once
-    instead of an activation quantized every run) and fuses Conv+BatchNormalization, so the merged weight
-    is quantized once. Symbolic shape inference is skipped: when it cannot infer every shape it writes
-    `sym_shape_infer_temp.onnx` into the working directory and raises, and ONNX shape inference types every
-    standard op these graphs have. A `large` model (2 GiB or more) keeps its weights in `<target>.data`.
+    Knobs: `calibration` (MinMax, Entropy, Percentile 99.999), `per_channel`, `format` (QDQ pairs that ORT
+    fuses, or QOperator ops such as QLinearConv), `activation_type` / `weight_type` (S8S8, U8S8...),
+    `reduce_range`, `symmetric` (activations), `op_types`, and `exclude` (nodes left in fp32).
     """
-    from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    # A source whose weights lie in a side file must be written the same way: ORT's optimized copy would
-    # otherwise point at the source's data file name from the temporary folder, where it is not, and
-    # quant_pre_process would log the failure and go on without optimizing.
-    external = large or any(t.data_location == onnx.TensorProto.EXTERNAL
-                            for t in onnx.load_model(str(source), load_external_data=False).graph.initializer)
-    quant_pre_process(
-        source,
-        target,
-        skip_symbolic_shape=True,
-        skip_onnx_shape=not shape_inference,
-        save_as_external_data=external,
-        all_tensors_to_one_file=True,
-        external_data_location=f"{target.name}.data" if external else None,
-    )
+    name: str = "int8_static_minmax"
+    calibration: str = knob("minmax", CALIBRATIONS, short="cal")
+    per_channel: bool = knob(True, (False, True), short="pc")
+    format: str = knob("QDQ", ("QDQ", "QOperator"), short="fmt")
+    activation_type: str = knob("QInt8", ("QInt8", "QUInt8"), short="a")
+    weight_type: str = knob("QInt8", ("QInt8", "QUInt8"), search=("QInt8",), short="w")
+    reduce_range: bool = knob(False, (False, True), search=(False,), short="rr")
+    symmetric: bool = knob(False, (False, True), search=(False,), short="sym")
+    op_types: str = knob("MatMul,Gemm,Conv", OP_TYPES, search=("MatMul,Gemm,Conv",), short="ops")
+    exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
+    kind = "quantization"
 
-def _make(calibration: str):
-    name = f"int8_static_{calibration}"
+    @property
+    def summary(self) -> str:
+        return (f"int8 {self.format} of {self.op_types}, activation ranges calibrated on the feeds "
+                f"({_CALIBRATION_NAMES[self.calibration]})")
 
-    def make(source: Path, target_dir: Path, context: Context) -> Candidate:
+    def __post_init__(self) -> None:
+        self.check_knobs()
+
+    def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
+        return has_weights_and_feeds(model, context)
+
+    def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
         from onnxruntime.quantization import (
             CalibrationDataReader,
             CalibrationMethod,
@@ -125,8 +118,8 @@ def _make(calibration: str):
         )
 
         if context.feeds is None:
-            raise ValueError(f"{name} calibrates on the study's inputs: Context.feeds is None")
-        target = prepare_output(source, target_dir, name)
+            raise ValueError(f"{self.name} calibrates on the study's inputs: Context.feeds is None")
+        target = prepare_output(source, target_dir, self.name)
         large = model_bytes(source) >= LARGE_MODEL_BYTES
 
         class Reader(CalibrationDataReader):
@@ -136,31 +129,31 @@ def _make(calibration: str):
             def get_next(self) -> dict[str, np.ndarray] | None:
                 return next(self._samples, None)
 
-        # The pre-processed model is an intermediate: it lives and dies in a folder under target_dir.
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=f"{name}.") as work:
-            prepared = Path(work) / "pre_processed.onnx"
-            pre_process(source, prepared, shape_inference=True, large=large)
-            graph = onnx.load_model(str(prepared), load_external_data=False)
+        with prepared(source, target.parent, context, how="quant_pre_process_shapes", entry=self.name) as ready:
+            graph = onnx.load_model(str(ready.path), load_external_data=False)
             samples, how = calibration_samples(graph, context.feeds)
             printed = io.StringIO()
             # quantize_static prints its Percentile progress to stdout; it goes to the log instead.
             with contextlib.redirect_stdout(printed):
                 quantize_static(
-                    prepared,
+                    ready.path,
                     target,
                     Reader(samples),
-                    quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=list(WEIGHTED_OPS),
-                    per_channel=True,
-                    activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8,
-                    calibrate_method={"minmax": CalibrationMethod.MinMax,
-                                      "percentile": CalibrationMethod.Percentile}[calibration],
+                    quant_format=getattr(QuantFormat, self.format),
+                    op_types_to_quantize=self.op_types.split(","),
+                    per_channel=self.per_channel,
+                    reduce_range=self.reduce_range,
+                    activation_type=getattr(QuantType, self.activation_type),
+                    weight_type=getattr(QuantType, self.weight_type),
+                    nodes_to_exclude=list(self.exclude),
+                    calibrate_method={"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                                      "percentile": CalibrationMethod.Percentile}[self.calibration],
                     calibration_providers=["CPUExecutionProvider"],
                     use_external_data_format=large,
+                    extra_options={"ActivationSymmetric": self.symmetric},
                 )
             if printed.getvalue().strip():
-                logger.debug("%s: quantize_static printed: %s", name, printed.getvalue().strip())
+                logger.debug("%s: quantize_static printed: %s", self.name, printed.getvalue().strip())
 
         result = onnx.load_model(str(target), load_external_data=False)
         quantized = quantized_nodes(result)
@@ -168,9 +161,12 @@ def _make(calibration: str):
         notes = [
             how,
             "pre-processed with ORT's basic graph optimizations and ONNX shape inference (quant_pre_process)",
-            f"{quantized} MatMul/Gemm/Conv nodes quantized to int8 (per-channel weights, per-tensor activations): "
-            f"{qdq['QuantizeLinear']} QuantizeLinear, {qdq['DequantizeLinear']} DequantizeLinear",
+            f"{quantized} MatMul/Gemm/Conv nodes quantized to int8 ({'per-channel' if self.per_channel else 'per-tensor'} "
+            f"weights, per-tensor activations): {qdq['QuantizeLinear']} QuantizeLinear, "
+            f"{qdq['DequantizeLinear']} DequantizeLinear",
         ]
+        if self.exclude:
+            notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
         if quantized == 0:
             notes.append("nothing was quantized: the model runs as float, with ORT's basic optimizations")
         return Candidate(
@@ -182,23 +178,11 @@ def _make(calibration: str):
             notes=tuple(notes),
             params={
                 "quantization.method": "static",
-                "quantization.format": "QDQ",
-                "quantization.calibration": calibration,
                 "quantization.calibration_samples": str(len(samples)),
-                "quantization.per_channel": "true",
-                "quantization.op_types": ",".join(WEIGHTED_OPS),
                 "quantization.quantized_nodes": str(quantized),
             },
         )
 
-    make.__name__ = name
-    make.__doc__ = f"int8 QDQ quantization of the MatMul, Gemm and Conv nodes, activation ranges by {calibration}."
-    return make
 
-
-MINMAX = Entry("int8_static_minmax", "quantization",
-               "int8 QDQ of MatMul/Gemm/Conv, activation ranges calibrated on the feeds (MinMax)",
-               _make("minmax"), has_weights_and_feeds)
-PERCENTILE = Entry("int8_static_percentile", "quantization",
-                   "int8 QDQ of MatMul/Gemm/Conv, activation ranges calibrated on the feeds (Percentile 99.999)",
-                   _make("percentile"), has_weights_and_feeds)
+MINMAX = Int8Static()
+PERCENTILE = Int8Static(name="int8_static_percentile", calibration="percentile")

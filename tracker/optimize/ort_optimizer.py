@@ -8,7 +8,7 @@ from pathlib import Path
 from tracker.optimize.base import (
     Candidate,
     Context,
-    Entry,
+    FunctionEntry,
     ModelInfo,
     info_source,
     needs_external_data,
@@ -121,7 +121,7 @@ def ort_opt_extended(source: Path, target_dir: Path, context: Context) -> Candid
 
 
 # Two levels of one tool, so one module.
-BASIC = Entry("ort_opt_basic", "transform", "ORT's transformer optimizer at opt_level 1, saved as a new model",
+BASIC = FunctionEntry("ort_opt_basic", "transform", "ORT's transformer optimizer at opt_level 1, saved as a new model",
               ort_opt_basic, transformer)
-EXTENDED = Entry("ort_opt_extended", "transform", "ORT's transformer optimizer at opt_level 2, saved as a new model",
+EXTENDED = FunctionEntry("ort_opt_extended", "transform", "ORT's transformer optimizer at opt_level 2, saved as a new model",
                  ort_opt_extended, transformer)

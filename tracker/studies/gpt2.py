@@ -21,7 +21,7 @@ from tracker.measure.machine import MachinePeaks
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.roofline import Roofline
 from tracker.measure.steps import StepTimes
-from tracker.optimize import REGISTRY, Context, ModelInfo, get_entry
+from tracker.optimize import REGISTRY, Context, EntryError, ModelInfo, get_entry
 from tracker.store import connect
 
 logger = logging.getLogger(__name__)
@@ -206,16 +206,15 @@ def _generation_attempt(
     entry = get_entry(name)
     context = Context(info=info)
     try:
-        reason = entry.why_not(graph_of(decoder), context)
-        if reason is not None:
-            return {}, {"gen.error": f"does not apply to the decode-ready model: {reason}"}, {}
-        candidate = entry.make(decoder, workdir, context)
+        candidate = entry(decoder, workdir, context, graph=graph_of(decoder))
         logger.info("gpt2: measuring the generation of %s", name)
         result = measure_generation(candidate.path, session=replace(config.session, **candidate.session),
                                     config=config.generation, baseline=decoder, speedup=config.measure.speedup,
                                     reference=baseline.generation, machine=machine, workdir=workdir / "profiles")
         diff = compare_generations(baseline.generation, result.generation, along=result.along_reference,
                                    tolerance=LOGITS_TOLERANCES[candidate.precision])
+    except EntryError as e:  # it does not apply to the decode-ready model, or broke what the framework checks
+        return {}, {"gen.error": f"on the decode-ready model: {e}"[:500]}, {}
     except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run
         logger.warning("gpt2: the generation of %s failed: %s", name, e)
         return {}, {"gen.error": f"{type(e).__name__}: {e}"[:500]}, {}
