@@ -32,9 +32,11 @@ from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo, get_en
 from tracker.record import AttemptRecord, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
 from tracker.report.scenarios import scenario_bests, scenario_tags
+from tracker.report.search import build_search_report
 from tracker.report.study import build_study_report
+from tracker.search import SearchConfig, SearchResult, run_search
 from tracker.store import connect, write
-from tracker.termination import sigterm_as_exit
+from tracker.termination import Terminated, sigterm_as_exit
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +90,7 @@ class Study:
         self.steps = StepTimes()  # the study's own work; each attempt has its own
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
         self.phase_rooflines: dict[str, dict[str, Roofline]] = {}  # attempt -> phase -> roofline (`add_phase_rooflines`)
+        self.search_result: SearchResult | None = None  # `search`
         self._started = time.perf_counter()
         self._run_cm = None
 
@@ -145,6 +148,7 @@ class Study:
         runtime: str = "onnxruntime",
         session: SessionConfig | None = None,
         tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
+        tags: Mapping[str, str] | None = None,
         **fields,
     ) -> AttemptResult | None:
         """Runs the registry entry `entry` on `source`, then measures and logs what it made as one attempt.
@@ -162,6 +166,7 @@ class Study:
             session: the study's ONNX Runtime settings; a session entry sets its own on top.
             tolerance: one tolerance, or one per precision ("fp32", "fp16", "int8"): the candidate's
                 precision picks it.
+            tags: the attempt run's tags on top of the study's and the chain's lineage.
             **fields: `Attempt` fields that replace the candidate's (description, new_ops, ...);
                 `params` and `metrics` are added to the candidate's.
         """
@@ -182,7 +187,7 @@ class Study:
                 candidate = found(source_path, self._workdir / name / "optimized", context, graph=graph)
                 seconds = time.perf_counter() - start
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
-            self.record_failure(name, e, runtime=runtime, tags=lineage_tags(found))
+            self.record_failure(name, e, runtime=runtime, tags={**lineage_tags(found), **(tags or {})})
             return None
         # A session entry measures its source as given (in memory or not), with other settings.
         model = source if candidate.path == source_path else candidate.path
@@ -191,7 +196,7 @@ class Study:
         return self.attempt(
             name,
             model,
-            tags=lineage_tags(found),
+            tags={**lineage_tags(found), **(tags or {})},
             runtime=runtime,
             session=replace(session or SessionConfig(), **candidate.session),
             new_ops=fields.pop("new_ops", candidate.new_ops),
@@ -201,6 +206,42 @@ class Study:
             params={**params, **fields.pop("params", {})},
             **fields,
         )
+
+    def search(
+        self,
+        source: str | Path,
+        *,
+        config: SearchConfig | None = None,
+        info: ModelInfo | None = None,
+        session: SessionConfig | None = None,
+        tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
+    ) -> SearchResult:
+        """Searches the registry's entries, knobs and chains for the fastest variant of `source` that passes its
+        check (`tracker.search.run_search`); the leaders become attempt runs, and what was screened out, with the
+        reason, a table on the study run (`report/search.html`). Measures the baseline first if the study has none.
+
+        Returns:
+            What the search did; the answer is `study.best`.
+        """
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before searching")
+        session = session or SessionConfig()
+        baseline = runtime_baselines(self.results).get("onnxruntime")
+        if baseline is None:
+            first = tolerance["fp32"] if isinstance(tolerance, Mapping) else tolerance
+            baseline = self.attempt("baseline", Path(source), session=session, tolerance=first,
+                                    description=f"{Path(source).name} as given")
+            if not baseline.ok:
+                raise ValueError(f"the baseline failed, so nothing can be compared with it: {baseline.error}")
+        with self.steps.step("search"):
+            self.search_result = run_search(
+                Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
+                tolerance=tolerance, workdir=self._workdir / "search", config=config or SearchConfig(), info=info,
+                session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
+                optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
+                                                                tolerance=tolerance, tags=tags),
+            )
+        return self.search_result
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:
         """The model at `path` without its weights' values, read once per study: what `Entry.applies` looks at."""
@@ -254,6 +295,10 @@ class Study:
             built = build_study_report(rows, self._workdir / "report", study=self.name, best=best,
                                        rooflines=rooflines, phase_rooflines=self.phase_rooflines)
             write.log_study_report(built.html, built.tables)
+            if self.search_result is not None:
+                page = build_search_report(self.search_result, rows, self._workdir / "report", study=self.name,
+                                           best=best)
+                write.log_study_report(page.html, page.tables)
         except Exception as e:
             logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
 
@@ -284,7 +329,8 @@ class Study:
                 totals, wall = self.step_totals()
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
                 machine = self.machine.metrics() if self.machine else {}
-                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall), **machine},
+                searched = self.search_result.metrics() if self.search_result is not None else {}
+                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall), **machine, **searched},
                            "best": pick_best(rows), "tags": scenario_tags(rows)}
                 try:
                     connect.ensure_reachable()
@@ -401,6 +447,12 @@ def run_attempt(
         run_content.fill_record(record, result, artifacts, config, baseline, workdir, log_model=log_model)
     except Exception as e:
         result.error = _mark_failed(record, e)
+    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C or SIGTERM mid-attempt: the cut attempt is a FAILED run
+        result.error = _mark_failed(record, e)
+        record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
+        record.tags.update(tags or {})
+        _log_or_keep(record)
+        raise
     record.tags.update(tags or {})
     result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
     # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.

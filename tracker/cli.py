@@ -25,6 +25,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TrackerError, ValueError, ConnectionError) as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # what was logged stays; open runs were ended FAILED on the way out
+        print("interrupted (Ctrl-C): runs logged so far are kept; the run that was cut is FAILED", file=sys.stderr)
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -84,11 +87,18 @@ def _add_optimize_parser(sub) -> None:
     _add_feed_options(o)
     o.add_argument("--task", default="raw", help="how outputs are judged: raw (max |diff|), regression, "
                                                  "classification, embedding, lm")
-    o.add_argument("--attempts", default="", metavar="A,B", help="run only these registry entries")
+    o.add_argument("--attempts", default="", metavar="A,B",
+                   help="run only these registry entries; also variants (ENTRY:KNOB=VALUE:KNOB=VALUE) and chains "
+                        "(A+B), e.g. int8_dynamic:per_channel=true or attention_fused+int8_dynamic")
     o.add_argument("--skip", default="", metavar="A,B", help="do not run these registry entries")
     o.add_argument("--config", default="", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json giving heads and hidden size (default: read from the graph)")
     o.add_argument("--name", default="", help="the study's name (default: the model file's stem)")
+    o.add_argument("--search", nargs="?", const=True, default=False, type=_flag, metavar="true|false",
+                   help="search the entries' knobs, a sensitivity fallback and chains for the fastest variant that "
+                        "passes --task's check: an accuracy screen, a speed screen, then the leaders in full")
+    o.add_argument("--budget", default="", metavar="DURATION",
+                   help="wall time of --search, e.g. 20m, 90s, 1h30m (default: no limit)")
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
     add_measure_args(o)
     o.set_defaults(func=_optimize)
@@ -99,6 +109,7 @@ def _optimize(args: argparse.Namespace) -> int:
 
     from tracker.experiment_args import measure_config, session_config
     from tracker.report.compare import format_table
+    from tracker.search import parse_budget
     from tracker.studies import own
 
     config = own.OwnModelConfig(
@@ -113,6 +124,8 @@ def _optimize(args: argparse.Namespace) -> int:
         seed=args.seed,
         measure=measure_config(args),
         session=session_config(args),
+        search=args.search,
+        budget_s=parse_budget(args.budget) if args.budget else None,
     )
     chosen = own.plan(config)  # bad input fails here, before any run is made
     if args.dry_run:
@@ -120,7 +133,20 @@ def _optimize(args: argparse.Namespace) -> int:
         return 0
     study = own.run(config, experiment=args.experiment, chosen=chosen)
     print(format_table(own.comparison(study)))
+    if study.search_result is not None:
+        from tracker.search.run import format_search
+
+        print(format_search(study.search_result))
     return 0
+
+
+def _flag(text: str) -> bool:
+    """true/false (MLproject passes every parameter as a value), also yes/no and 1/0."""
+    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False, "": False}.get(
+        str(text).strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
 
 
 def _names(text: str) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from tests.optimize.conftest import (
     make_tiny_bert,
 )
 from tracker.optimize import REGISTRY, Context, ModelInfo, apply
-from tracker.optimize.base import transformer
+from tracker.optimize.base import ort_transformer, transformer
 from tracker.optimize.model_info import (
     ORT_MODEL_TYPES,
     detect,
@@ -35,7 +35,7 @@ from tracker.optimize.model_info import (
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-TRANSFORMER_ENTRIES = [name for name, entry in REGISTRY.items() if getattr(entry, "applies", None) is transformer]
+TRANSFORMER_ENTRIES = [name for name, entry in REGISTRY.items() if getattr(entry, "applies", None) in (transformer, ort_transformer)]
 BERT_INFO = ModelInfo(num_heads=BERT_HEADS, hidden_size=BERT_HIDDEN, model_type="bert")
 GPT2_INFO = ModelInfo(num_heads=N_HEAD, hidden_size=N_EMBD, model_type="gpt2")
 # fp32 variants of one graph differ by float noise (~1e-6 here); 1e-4 separates breakage from noise (FACTS).

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tracker.measure.lm_diff import LOGITS_TOLERANCES, LogitsTolerance
+from tracker.measure.lm_diff import LOGITS_TOLERANCES, LogitsDiff, LogitsTolerance
 from tracker.measure.output_diff import TOLERANCES, OutputDiff, Tolerance, compare_outputs
 
 TASKS = ("raw", "regression", "classification", "embedding", "lm")
@@ -373,3 +373,33 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     with np.errstate(invalid="ignore", over="ignore"):  # non-finite rows stay non-finite: the raw diff counts them
         shifted = np.exp(x - x.max(axis=-1, keepdims=True))
         return shifted / shifted.sum(axis=-1, keepdims=True)
+
+
+def accuracy_margin(diff: OutputDiff | LogitsDiff | RegressionDiff | ClassificationDiff | EmbeddingDiff) -> float:
+    """How far inside its bounds a check landed, in units of each bound's room: 1 is the baseline itself, 0 is on
+    the tightest bound, < 0 is outside it. It ranks attempts (the sensitivity of a quantized node, the nearest
+    failure); whether an attempt passes stays `diff.passed`.
+
+    Each bound's room is what separates the ideal value from the bound (1 - min_cosine, 1 - min_top1, the largest
+    allowed error); the margin is the smallest of the bounds' shares of their room left.
+    """
+    raw = diff.outputs if hasattr(diff, "outputs") else diff
+    if raw.nonfinite_mismatches:
+        return float("-inf")
+
+    def left(value: float, bound: float, ideal: float) -> float:
+        room = abs(ideal - bound)
+        return (bound - value) / room if ideal < bound else (value - bound) / room if room else 0.0
+
+    if isinstance(diff, EmbeddingDiff):
+        return left(diff.cosine_min, diff.tolerance.min_cosine, 1.0)
+    if isinstance(diff, ClassificationDiff):
+        t = diff.tolerance
+        return min(left(diff.top1_agreement, t.min_top1, 1.0), left(diff.max_prob_diff, t.max_prob_diff, 0.0))
+    if isinstance(diff, RegressionDiff):
+        return left(diff.scaled_error, diff.tolerance.max_scaled_error, 0.0)
+    if isinstance(diff, LogitsDiff):
+        t = diff.tolerance
+        return min(left(diff.top1_agreement, t.min_top1, 1.0), left(diff.kl_divergence, t.max_kl, 0.0),
+                   left(diff.max_abs, t.max_abs, 0.0))
+    return left(diff.max_abs, diff.tolerance.atol, 0.0)

@@ -41,7 +41,7 @@ REGISTRY: dict[str, Entry] = {
 
 
 def get_entry(name: str) -> Entry:
-    """The entry `name` spells: a registered name, a variant `ENTRY:knob=value,knob=value`, or a chain of
+    """The entry `name` spells: a registered name, a variant `ENTRY:knob=value:knob=value`, or a chain of
     those joined by `+` (`attention_fused+int8_dynamic:per_channel=true`).
 
     Raises:
@@ -53,19 +53,17 @@ def get_entry(name: str) -> Entry:
 
 
 def _one_entry(spec: str) -> Entry:
-    base, _, knobs = spec.partition(":")
+    base, *pairs = spec.split(":")
     if base not in REGISTRY:
         raise ValueError(f"unknown optimization {base!r}; registered: {', '.join(REGISTRY)}")
     entry = REGISTRY[base]
-    if not knobs:
-        return entry
     values = {}
-    for pair in knobs.split(","):
+    for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep:
-            raise ValueError(f"{spec!r}: expected ENTRY:KNOB=VALUE,KNOB=VALUE, got {pair!r}")
+            raise ValueError(f"{spec!r}: expected ENTRY:KNOB=VALUE:KNOB=VALUE, got {pair!r}")
         values[key.strip()] = parse_knob_value(entry, key.strip(), text.strip())
-    return entry.variant(**values)
+    return entry.variant(**values) if values else entry
 
 
 def parse_knob_value(entry: Entry, key: str, text: str) -> object:

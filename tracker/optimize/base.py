@@ -135,6 +135,22 @@ def transformer(model: onnx.ModelProto, context: Context) -> str | None:
     return None
 
 
+def ort_transformer(model: onnx.ModelProto, context: Context) -> str | None:
+    """`transformer`, and a model type ORT's transformer optimizer has fusions for (not a LLaMA-family decoder:
+    onnxscript's fusions, `attention_fused`, cover those)."""
+    reason = transformer(model, context)
+    if reason is not None:
+        return reason
+    from tracker.optimize.model_info import ORT_OPTIMIZER_TYPES
+
+    model_type = (context.info.model_type if context.info is not None and context.info.model_type else None) \
+        or detect_model_type(model)
+    if model_type not in ORT_OPTIMIZER_TYPES:
+        return (f"ORT's transformer optimizer has no fusions for {model_type} models (its types: "
+                f"{', '.join(sorted(ORT_OPTIMIZER_TYPES))}); attention_fused (onnxscript's fusions) has")
+    return None
+
+
 def float_weights(model: onnx.ModelProto, op_types: tuple[str, ...]) -> list[onnx.NodeProto]:
     """The nodes of `op_types` whose weight (input 1: B of MatMul and Gemm, W of Conv) is a float32
     initializer of the main graph, 2-D for MatMul and Gemm: the nodes a weight quantizer can quantize."""
@@ -319,7 +335,7 @@ def _knob_suffix(k: Knob, name: str, value: object) -> str:
         return short if value else f"no_{short}"
     if isinstance(value, tuple):  # node names by their count, other tuples by their values
         return f"{short}-{len(value)}" if k.choices is None else f"{short}-{'_'.join(map(str, value)).lower()}"
-    return f"{short}-{str(value).lower()}"
+    return f"{short}-{str(value).lower().replace(',', '_')}"
 
 
 def files_state(source: Path) -> tuple:

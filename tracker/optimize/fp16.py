@@ -11,7 +11,7 @@ from tracker.optimize.base import (
     needs_external_data,
     ort_fused_counts,
     prepare_output,
-    transformer,
+    ort_transformer,
 )
 from tracker.optimize.ort_optimizer import (
     BASIC_OPT_LEVEL,
@@ -53,4 +53,4 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
 
 
 ENTRY = FunctionEntry("ort_opt_fp16", "transform", "ORT's optimizer at opt_level 1, then float16 weights and compute",
-              ort_opt_fp16, transformer)
+              ort_opt_fp16, ort_transformer)

@@ -34,7 +34,14 @@ ORT_MODEL_TYPES = {
     "swin": "swin",
     "phi": "phi",
     "qwen3": "qwen3",
+    # LLaMA-family decoders (RMSNorm, rotary positions, grouped-query attention): ORT's Python optimizer has no
+    # type for them, onnxscript's ORT fusions do (`attention_fused`); "llama" is this project's type.
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "llama",
 }
+# The model types `onnxruntime.transformers.optimizer.optimize_model` has fusions for, among those above.
+ORT_OPTIMIZER_TYPES = frozenset(ORT_MODEL_TYPES.values()) - {"llama"}
 # config.json keys, in the order they are looked for (GPT-2, DistilBERT and T5 spell them their own way).
 HEADS_KEYS = ("num_attention_heads", "n_head", "n_heads", "num_heads")
 HIDDEN_KEYS = ("hidden_size", "n_embd", "dim", "d_model")
@@ -173,8 +180,10 @@ def detect_from_graph(model: onnx.ModelProto) -> Detection:
         return Detection(None, "no layer normalization with a known width: hidden size unknown", None)
     heads = _most_common(graph.fused_attention_heads())
     if heads is None:
+        # hidden / head_dim first: with grouped-query attention (LLaMA) the key and value Reshapes have fewer heads
+        # than the query's, and outnumber it.
         split = graph.split_heads_dims()
-        heads = _most_common([h for h, _ in split if h]) or _heads_from_head_dim(hidden, [d for _, d in split if d])
+        heads = _heads_from_head_dim(hidden, [d for _, d in split if d]) or _most_common([h for h, _ in split if h])
     if heads is None:
         return Detection(None, "no attention heads found (no Reshape to [batch, seq, heads, head_dim] with a "
                          "constant head_dim before a Transpose, and no fused attention)", None)
@@ -204,7 +213,8 @@ def _model_type(graph: _Graph) -> tuple[str | None, str | None]:
         return None, "an encoder-decoder graph: its ORT model type (bart, t5, ...) needs a config.json"
     names = (*graph.input_names, *graph.output_names)
     if any(name.startswith(("past", "present")) for name in names) or graph.is_causal():
-        return "gpt2", None
+        # RMSNorm instead of LayerNorm: a LLaMA-family decoder (LLaMA, Mistral, Qwen2), not GPT-2.
+        return ("llama" if graph.rms_norm_widths() and not graph.layer_norm_widths(plain=True) else "gpt2"), None
     return "bert", None
 
 
@@ -237,16 +247,51 @@ class _Graph:
         self.declared = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.output)
                          if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
 
-    def layer_norm_widths(self) -> list[int]:
+    def layer_norm_widths(self, *, plain: bool = False) -> list[int]:
+        """Widths of the layer norms' scales: the fused ops', and the RMSNorms written out in plain ops (a
+        dynamo export of LLaMA) unless `plain` (then only LayerNormalization and its fused forms)."""
         widths = []
         for node in self.nodes:
             index = _LAYER_NORM_SCALE.get(node.op_type)
             if index is None or len(node.input) <= index:
                 continue
+            if plain and "Simplified" in node.op_type or plain and node.op_type == "RMSNormalization":
+                continue
             dims = self._dims(node.input[index])
             if dims is not None and len(dims) == 1 and dims[0] > 0:
                 widths.append(dims[0])
+        return widths if plain else widths + self.rms_norm_widths()
+
+    def rms_norm_widths(self) -> list[int]:
+        """Widths of RMSNorms: the fused ops', and the written-out ones, x * 1/sqrt(mean(x^2) + eps) * weight, found
+        from a ReduceMean of a Pow to the Mul by a 1-D weight a few nodes on."""
+        widths = []
+        for node in self.nodes:
+            if node.op_type in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                                "RMSNormalization"):
+                dims = self._dims(node.input[_LAYER_NORM_SCALE[node.op_type]])
+                widths += [dims[0]] if dims is not None and len(dims) == 1 and dims[0] > 0 else []
+            elif node.op_type == "ReduceMean" and self.producer.get(node.input[0]) is not None \
+                    and self.producer[node.input[0]].op_type == "Pow":
+                width = self._scale_after(node.output[0], hops=6)
+                widths += [width] if width else []
         return widths
+
+    def _scale_after(self, name: str, hops: int) -> int | None:
+        """The width of the first 1-D initializer a Mul reading (eventually) `name` multiplies by."""
+        frontier = [name]
+        for _ in range(hops):
+            nxt = []
+            for value in frontier:
+                for reader in self.readers.get(value, ()):
+                    if reader.op_type == "Mul":
+                        for other in reader.input:
+                            dims = list(self.initializers[other].dims) if other in self.initializers else None
+                            if dims is not None and len(dims) == 1 and dims[0] > 1:
+                                return dims[0]
+                    nxt.extend(reader.output)
+            frontier = nxt
+        return None
 
     def fused_attention_heads(self) -> list[int]:
         return [attr.i for node in self.nodes if node.op_type in _FUSED_ATTENTION_OPS

@@ -84,11 +84,13 @@ def _prepare(source: Path, folder: Path, context: Context, how: str) -> Prepared
 def pre_process_for(source: Path, context: Context) -> str:
     """ORT's transformer optimizer where the model is a transformer whose heads, hidden size and type are known
     (its fusions keep the graph int8 kernels were tuned for), else `quant_pre_process`."""
+    from tracker.optimize.model_info import ORT_OPTIMIZER_TYPES
+
     try:
-        context.require_info("quantization", source)
+        info = context.require_info("quantization", source)
     except ValueError:
         return "quant_pre_process"
-    return "ort_optimizer"
+    return "ort_optimizer" if info.model_type in ORT_OPTIMIZER_TYPES else "quant_pre_process"
 
 
 def quantizable_nodes(model: onnx.ModelProto, op_types: tuple[str, ...]) -> list[str]:

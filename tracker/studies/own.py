@@ -18,10 +18,11 @@ from tracker.measure.feeds import make_feeds
 from tracker.measure.model_io import check_ort_ops, load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.task_diff import TASKS, task_tolerances
-from tracker.optimize import REGISTRY, Context, ModelInfo, applicable
+from tracker.optimize import REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
 from tracker.report.compare import Comparison
 from tracker.report.rows import pick_best, rows_from_results
+from tracker.search import SearchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class OwnModelConfig:
         seed: seed of generated feeds.
         measure: how every attempt is measured.
         session: ONNX Runtime settings of every attempt.
+        search: search the entries' knobs and chains (`Study.search`) instead of running each entry once.
+        budget_s: the search's wall-time budget in seconds (None: no limit).
     """
 
     model: Path
@@ -62,13 +65,24 @@ class OwnModelConfig:
     seed: int = 0
     measure: MeasureConfig = field(default_factory=MeasureConfig)
     session: SessionConfig = field(default_factory=SessionConfig)
+    search: bool = False
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
-        unknown = sorted((set(self.attempts or ()) | set(self.skip)) - set(REGISTRY))
+        unknown = sorted(set(self.skip) - set(REGISTRY))
         if unknown:
             raise ValueError(f"unknown attempts {unknown}; the registry has {', '.join(REGISTRY)}")
+        for spec in self.attempts or ():
+            if self.search and spec not in REGISTRY:
+                raise ValueError(f"--search takes registered entries in --attempts (their knobs are searched), got "
+                                 f"{spec!r}; the registry has {', '.join(REGISTRY)}")
+            get_entry(spec)  # an unknown entry, knob or value: the message lists what is allowed
+        if self.budget_s is not None and not self.search:
+            raise ValueError("--budget bounds a search: add --search")
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
 
     @property
     def study_name(self) -> str:
@@ -114,12 +128,16 @@ def plan(config: OwnModelConfig) -> Plan:
         source = f"generated (seed {config.seed})"
     detection = detect(model, config.config_json)
     info = detection.info
-    reasons = applicable(model, Context(info=info, feeds=feeds))
+    context = Context(info=info, feeds=feeds)
+    reasons = applicable(model, context)
     wanted = config.attempts if config.attempts is not None else tuple(REGISTRY)
-    refused = {n: reasons[n] for n in config.attempts or () if reasons[n] is not None}
+    refused = {n: get_entry(n).why_not(model, context) for n in config.attempts or ()}
+    refused = {n: why for n, why in refused.items() if why is not None}
     if refused:
         raise ValueError("; ".join(f"{n} does not apply to {config.model}: {why}" for n, why in refused.items()))
+    # Registered entries in registry order, then the variants and chains asked for, in the order given.
     run = tuple(n for n in REGISTRY if n in wanted and n not in config.skip and reasons[n] is None)
+    run += tuple(n for n in config.attempts or () if n not in REGISTRY)
     not_run = {}
     for name, reason in reasons.items():
         if name in run:
@@ -141,6 +159,12 @@ def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
     for name, entry in REGISTRY.items():
         why = "runs" if name in chosen.run else f"does not run: {chosen.not_run[name]}"
         lines.append(f"  {name.ljust(width)}  {entry.kind:<12}  {why}")
+    for spec in chosen.run:
+        if spec not in REGISTRY:
+            lines.append(f"  {get_entry(spec).name}  {get_entry(spec).kind:<12}  runs ({spec})")
+    if config.search:
+        budget = "no budget" if config.budget_s is None else f"a budget of {config.budget_s:g} s"
+        lines.append(f"--search: the knobs of the entries that run, a sensitivity fallback and chains, with {budget}")
     return "\n".join(lines)
 
 
@@ -160,10 +184,17 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
     if chosen.info is not None:
         params.update({"model.type": str(chosen.info.model_type), "model.num_heads": str(chosen.info.num_heads),
                        "model.hidden_size": str(chosen.info.hidden_size), "model.info_source": chosen.info_source})
+    if config.search:
+        params["search.budget_s"] = "none" if config.budget_s is None else f"{config.budget_s:g}"
     with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
                params=params) as study:
         study.attempt("baseline", Path(config.model), session=config.session, tolerance=tolerances["fp32"],
                       description=f"{Path(config.model).name} as given")
+        if config.search:
+            entries = tuple(n for n in chosen.run if n in REGISTRY)
+            study.search(Path(config.model), config=SearchConfig(budget_s=config.budget_s, entries=entries),
+                         info=chosen.info, session=config.session, tolerance=tolerances)
+            return study
         for name in chosen.run:
             study.optimize(name, Path(config.model), info=chosen.info, session=config.session, tolerance=tolerances)
     return study

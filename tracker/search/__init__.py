@@ -1,0 +1,6 @@
+"""Accuracy-aware search over the registry's entries, their knobs and chains (`run_search`), within a budget."""
+
+from tracker.search.budget import Budget, parse_budget
+from tracker.search.run import SearchConfig, SearchResult, run_search
+
+__all__ = ["Budget", "SearchConfig", "SearchResult", "parse_budget", "run_search"]

@@ -1,0 +1,400 @@
+"""The search: which candidates can still win, stage by stage, within a time budget.
+
+1. applicability: every entry and knob variant whose `requires` holds (the others are rows with the reason);
+2. accuracy: each candidate made and run once on the feeds, judged by the task with no timing; a failing
+   quantization that could still be the fastest gets the sensitivity fallback (fewest nodes kept in fp32);
+3. speed screen: a short interleaved timing against the baseline, then a longer one for the better half;
+4. the leaders measured in full (a nested attempt run each, with the calibrated speed-up and verdict).
+
+Chains (a faster fp32 graph, then the best quantization on it) join at stage 2. The answer is the study's best
+attempt (`rows.pick_best`), so the search and a plain study decide it alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tracker.measure.attempt import Attempt
+from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.task_diff import TaskTolerance
+from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
+from tracker.search import space
+from tracker.search.budget import Budget
+from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, check_accuracy, screen_speed
+from tracker.search.sensitivity import Sensitivity, fallback
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("applicability", "accuracy", "fallback", "speed_screen", "full")
+# Until a stage has measured one of its own, what it is assumed to cost (seconds).
+_GUESS_S = {"make": 10.0, "screen": 5.0, "long_screen": 10.0, "fallback": 120.0}
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """What a search tries and how much time it has.
+
+    Attributes:
+        budget_s: wall seconds for the whole search (None: no limit), kept within 10 %.
+        entries: registered entries whose spaces are searched (None: the whole registry).
+        per_entry: at most this many variants of one entry's space.
+        max_full: leaders measured in full (nested runs with the calibrated speed-up).
+        max_fallbacks: failing quantizations given the sensitivity fallback.
+        max_chains: chains tried (a faster fp32 graph, then the best quantization).
+        knobs: the values to try per entry and knob, instead of the entry's space, e.g.
+            `{"int8_dynamic": {"per_channel": (False, True), "reduce_range": (False,)}}`.
+    """
+
+    budget_s: float | None = None
+    entries: tuple[str, ...] | None = None
+    per_entry: int | None = None
+    max_full: int = 3
+    max_fallbacks: int = 2
+    max_chains: int = 2
+    knobs: Mapping[str, Mapping[str, tuple]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"budget_s must be > 0 or None, got {self.budget_s}")
+        if min(self.max_full, 1) < 1 or min(self.max_fallbacks, self.max_chains) < 0:
+            raise ValueError(f"max_full must be >= 1, max_fallbacks and max_chains >= 0; got {self.max_full}, "
+                             f"{self.max_fallbacks}, {self.max_chains}")
+
+
+@dataclass
+class Row:
+    """One candidate of the search: where it ended and why."""
+
+    name: str
+    family: str
+    kind: str
+    stage: str = "applicability"
+    status: str = "screened"  # screened | skipped | failed | timed
+    reason: str = ""
+    precision: str | None = None
+    passed: bool | None = None
+    margin: float | None = None
+    screen_speedup: float | None = None
+    screen_ci_low: float | None = None
+    screen_ci_high: float | None = None
+    size_bytes: int | None = None
+    fallback_of: str | None = None
+    pipeline: str | None = None
+    diff: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class SearchResult:
+    """What the search did: a row per candidate, the sensitivity fallbacks, seconds per stage."""
+
+    rows: list[Row]
+    sensitivities: list[Sensitivity]
+    stage_seconds: dict[str, float]
+    budget_s: float | None
+    seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        timed = sum(r.status == "timed" for r in self.rows)
+        return {"considered": len(self.rows), "screened_out": len(self.rows) - timed, "timed": timed}
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {f"search.{k}": float(v) for k, v in self.counts().items()}
+        metrics.update({f"search.seconds.{stage}": s for stage, s in self.stage_seconds.items()})
+        metrics["search.seconds"] = self.seconds
+        if self.budget_s is not None:
+            metrics["search.budget_s"] = self.budget_s
+        return metrics
+
+
+Optimize = Callable[..., object]  # `Study.optimize`
+
+
+def run_search(
+    source: Path, *, feeds: Mapping[str, np.ndarray], baseline: Attempt, baseline_outputs: Sequence[np.ndarray],
+    tolerance: TaskTolerance | Mapping[str, TaskTolerance], optimize: Optimize, workdir: Path,
+    config: SearchConfig = SearchConfig(), info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
+    full_attempt_s: float = 60.0,
+) -> SearchResult:
+    """Searches the registry's entries and knobs for the fastest candidate that passes the task's check.
+
+    Args:
+        source: the model file to optimize.
+        feeds: the study's inputs (the accuracy check's and the timing's).
+        baseline: the study's baseline attempt (the speed screen times against it).
+        baseline_outputs: its outputs on `feeds`.
+        tolerance: the task's tolerance per precision.
+        optimize: measures and logs one entry in full (`Study.optimize`).
+        workdir: where candidates are made (removed as they are screened out).
+        full_attempt_s: what a full attempt costs (the baseline's), to keep time for the last stage.
+    """
+    budget = Budget(config.budget_s)
+    context = Context(info=info, feeds=feeds, work=workdir / "prepared")
+    search = _Search(source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
+                     session, budget, full_attempt_s)
+    try:
+        search.run()
+    finally:
+        for folder in workdir.glob("made-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+    return SearchResult(search.rows, search.sensitivities, search.seconds, config.budget_s, budget.spent())
+
+
+class _Search:
+    def __init__(self, source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
+                 session, budget, full_attempt_s) -> None:
+        self.source, self.feeds, self.baseline = Path(source), dict(feeds), baseline
+        self.baseline_outputs, self.tolerance, self.optimize = list(baseline_outputs), tolerance, optimize
+        self.workdir, self.config, self.context, self.session = Path(workdir), config, context, session
+        self.budget, self.full_attempt_s = budget, full_attempt_s
+        self.rows: list[Row] = []
+        self.by_name: dict[str, Row] = {}
+        self.made: dict[str, tuple[Entry, Candidate]] = {}
+        self.sensitivities: list[Sensitivity] = []
+        self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+
+    # -- bookkeeping
+    def _row(self, entry: Entry, **fields) -> Row:
+        row = Row(entry.name, _family(entry), entry.kind,
+                  pipeline=entry.name if isinstance(entry, Chain) else None, **fields)
+        self.rows.append(row)
+        self.by_name[entry.name] = row
+        return row
+
+    def _reserve(self, after: str) -> float:
+        """Seconds the stages after `after` are expected to need."""
+        full = self.config.max_full * self.budget.expected("full", self.full_attempt_s)
+        screens = 8 * self.budget.expected("screen", _GUESS_S["screen"])
+        return {"accuracy": full + screens, "fallback": full + 4 * self.budget.expected("screen", _GUESS_S["screen"]),
+                "speed_screen": full, "full": 0.0}[after]
+
+    def _timed(self, stage: str):
+        search = self
+
+        class _Clock:
+            def __enter__(self):
+                self.start = time.perf_counter()
+
+            def __exit__(self, *exc):
+                search.seconds[stage] += time.perf_counter() - self.start
+
+        return _Clock()
+
+    # -- stages
+    def run(self) -> None:
+        graph = onnx.load_model(str(self.source), load_external_data=False)
+        with self._timed("applicability"):
+            found, refused = space.candidates(graph, self.context, entries=self.config.entries,
+                                              per_entry=self.config.per_entry, knobs=self.config.knobs)
+        for name, why in refused.items():
+            self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
+        order = space.interleave(space.by_family(found).values())
+        logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
+                    "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
+        with self._timed("accuracy"):
+            for index, entry in enumerate(order):
+                logger.info("search, accuracy %d/%d: %s", index + 1, len(order), entry.name)
+                self._make_and_check(entry, stage="accuracy")
+        with self._timed("speed_screen"):
+            self._screen_all()
+        with self._timed("fallback"):
+            self._fallbacks()
+            self._chains()
+        self._full()
+
+    def _make_and_check(self, entry: Entry, *, stage: str, fallback_of: str | None = None) -> Row | None:
+        if entry.name in self.by_name:
+            return None
+        row = self._row(entry, stage=stage, fallback_of=fallback_of)
+        if not self.budget.fits("make", _GUESS_S["make"], reserve=self._reserve("accuracy")):
+            row.status, row.reason = "skipped", "not tried: the budget was kept for the later stages"
+            return row
+        start = time.perf_counter()
+        try:
+            candidate = entry(self.source, self.workdir / f"made-{entry.name}", self.context)
+            check = check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance, session=self.session)
+        except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
+            row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
+            logger.warning("search: %s failed: %s", entry.name, row.reason)
+            return row
+        finally:
+            self.budget.record("make", time.perf_counter() - start)
+        row.precision, row.passed, row.margin = candidate.precision, check.passed, check.margin
+        row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
+        row.size_bytes = _size(candidate.path)
+        self.made[entry.name] = (entry, candidate)
+        if not check.passed:
+            row.reason = f"accuracy check failed (margin {check.margin:.3f})"
+        logger.info("search: %s %s its accuracy check (margin %.3f)", entry.name,
+                    "passed" if check.passed else "failed", check.margin)
+        return row
+
+    def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen") -> None:
+        entry, candidate = self.made[name]
+        row = self.by_name[name]
+        start = time.perf_counter()
+        try:
+            found = screen_speed(candidate, self.baseline, self.feeds, session=self.session, config=config)
+        except Exception as e:  # noqa: BLE001
+            row.status, row.reason = "failed", f"speed screen: {type(e).__name__}: {e}"[:300]
+            return
+        finally:
+            self.budget.record(kind, time.perf_counter() - start)
+        row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
+        row.stage = "speed_screen"
+        logger.info("search, speed screen: %s %.2fx [%.2f, %.2f]%s", name, found.speedup, found.ci_low,
+                    found.ci_high, "" if row.passed else " (failed its accuracy check)")
+
+    def _screen_all(self) -> None:
+        # Failing candidates are timed too when the fallback could rescue them: it pays only for a fast one.
+        names = [n for n, (e, _) in self.made.items() if self.by_name[n].passed or "exclude" in e.knobs()]
+        for name in sorted(names, key=lambda n: not self.by_name[n].passed):
+            if not self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
+                row = self.by_name[name]
+                row.status = "skipped"
+                row.reason = (row.reason + "; " if row.reason else "") + "not timed: the budget ran out"
+                continue
+            self._screen(name)
+        for name in list(self.made):  # a failing candidate the fallback cannot rescue, or that was not timed
+            row = self.by_name[name]
+            if not row.passed and ("exclude" not in self.made[name][0].knobs() or row.screen_speedup is None):
+                self._drop(name)
+
+    def _best_passing_screen(self) -> float:
+        return max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
+
+    def _fallbacks(self) -> None:
+        best = self._best_passing_screen()
+        hopeful = [r for r in self.rows if r.passed is False and r.name in self.made and r.screen_speedup is not None
+                   and r.pipeline is None and "exclude" in self.made[r.name][0].knobs() and r.screen_speedup > best]
+        hopeful.sort(key=lambda r: -(r.screen_speedup or 0))
+        for row in hopeful[: self.config.max_fallbacks]:
+            if not self.budget.fits("fallback", _GUESS_S["fallback"], reserve=self._reserve("fallback")):
+                row.reason += "; no fallback: the budget ran out"
+                break
+            entry, _ = self.made[row.name]
+            logger.info("search, fallback: %s (%.2fx on the screen) failed its check: finding the nodes that cost "
+                        "the accuracy", row.name, row.screen_speedup)
+            start = time.perf_counter()
+            found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
+                             lambda c: check_accuracy(c, self.feeds, self.baseline_outputs, self.tolerance,
+                                                      session=self.session),
+                             out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
+            self.budget.record("fallback", time.perf_counter() - start)
+            self.sensitivities.append(found)
+            if found.found is None:
+                row.reason += f"; fallback: {found.stopped}"
+                continue
+            row.reason += f"; fallback {found.found.name} keeps {len(found.kept)} node(s) in fp32"
+            rescued = self._make_and_check(found.found, stage="fallback", fallback_of=row.name)
+            if rescued is not None and rescued.passed:
+                rescued.reason = f"{len(found.kept)} node(s) kept in fp32 by the sensitivity fallback"
+                self._screen(found.found.name)
+        for row in list(self.rows):
+            if row.passed is False and row.name in self.made:
+                self._drop(row.name)
+
+    def _chains(self) -> None:
+        if not self.config.max_chains:
+            return
+        passing = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
+        graphs = [r for r in passing if r.precision == "fp32" and r.kind == "transform" and r.screen_speedup > 1.0
+                  and r.pipeline is None]
+        # Without kept-in-fp32 nodes: those are named after the un-chained graph.
+        quants = [r for r in passing if r.precision in ("int8", "int4") and r.pipeline is None
+                  and not getattr(self.made[r.name][0], "exclude", ())]
+        if not graphs or not quants:
+            return
+        best_q = max(quants, key=lambda r: r.screen_speedup)
+        q_entry = self.made[best_q.name][0]
+        for graph in sorted(graphs, key=lambda r: -r.screen_speedup)[: self.config.max_chains]:
+            chain = Chain((self.made[graph.name][0], q_entry))
+            row = self._make_and_check(chain, stage="chain")
+            if row is not None and row.passed and chain.name in self.made:
+                if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
+                    self._screen(chain.name)
+            elif row is not None and chain.name in self.made:
+                self._drop(chain.name)
+
+    def _full(self) -> None:
+        pool = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
+        pool.sort(key=lambda r: -(r.screen_speedup or 0))
+        for row in pool[max(1, min(6, (len(pool) + 1) // 2)):]:
+            row.reason = f"speed screen: {row.screen_speedup:.2f}x, not in the better half"
+            self._drop(row.name)
+        rung = [r for r in pool if r.name in self.made]
+        with self._timed("speed_screen"):
+            for row in rung:
+                if self.budget.fits("long_screen", _GUESS_S["long_screen"], reserve=self._reserve("speed_screen")):
+                    self._screen(row.name, LONG_SCREEN, "long_screen")
+        rung.sort(key=lambda r: -(r.screen_speedup or 0))
+        top = rung[0].screen_ci_low if rung else None
+        finals = []
+        for row in rung:
+            if len(finals) >= self.config.max_full:
+                row.reason = f"speed screen: {row.screen_speedup:.2f}x, behind the {self.config.max_full} leaders"
+            elif top is not None and row.screen_ci_high is not None and row.screen_ci_high < top:
+                row.reason = (f"speed screen: {row.screen_speedup:.2f}x [{row.screen_ci_low:.2f}, "
+                              f"{row.screen_ci_high:.2f}], below the leader's interval")
+            else:
+                finals.append(row)
+                continue
+            self._drop(row.name)
+        with self._timed("full"):
+            for row in finals:
+                if not self.budget.fits("full", self.full_attempt_s):
+                    row.status, row.reason = "skipped", "not measured in full: the budget ran out"
+                    continue
+                logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
+                start = time.perf_counter()
+                entry, _ = self.made[row.name]
+                self.optimize(entry, self.source, tags={"tracker.search.stage": row.stage})
+                self.budget.record("full", time.perf_counter() - start)
+                row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
+                self._drop(row.name)
+
+    def _drop(self, name: str) -> None:
+        """Removes a candidate's files once it is out of the running (or measured in full)."""
+        made = self.made.pop(name, None)
+        if made is not None:
+            shutil.rmtree(self.workdir / f"made-{name}", ignore_errors=True)
+
+
+def format_search(result: SearchResult) -> str:
+    """What the command line prints after a search: the counts, seconds per stage, and each candidate that was
+    not measured in full with where it stopped and why."""
+    counts = result.counts()
+    budget = "no budget" if result.budget_s is None else f"budget {result.budget_s:.0f} s"
+    stages = ", ".join(f"{stage} {s:.0f} s" for stage, s in result.stage_seconds.items() if s)
+    lines = [f"search: {counts['considered']} candidates, {counts['screened_out']} screened out, {counts['timed']} "
+             f"measured in full; {result.seconds:.0f} s ({budget}): {stages}"]
+    out = [r for r in result.rows if r.status != "timed"]
+    if out:
+        width = min(48, max(len(r.name) for r in out))
+        lines.append("screened out:")
+        for row in out:
+            screen = f"{row.screen_speedup:.2f}x" if row.screen_speedup is not None else "-"
+            lines.append(f"  {row.name[:width].ljust(width)}  {row.stage:<13} {screen:>6}  {row.reason}")
+    return "\n".join(lines)
+
+
+def _family(entry: Entry) -> str:
+    if isinstance(entry, Chain):
+        return "chain"
+    return type(entry).__name__ if entry.knobs() else entry.name
+
+
+def _size(path: Path) -> int:
+    from tracker.optimize.prepare import model_bytes
+
+    try:
+        return model_bytes(Path(path))
+    except Exception:  # noqa: BLE001 -- a size is a nice-to-have of the table
+        return 0

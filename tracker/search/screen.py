@@ -1,0 +1,56 @@
+"""The search's measurements short of a full attempt: a made candidate's outputs judged by the task (no timing),
+and a short interleaved timing against the baseline (a screen, not a verdict)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from tracker.measure.attempt import Attempt, time_against
+from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.runtime import get_runtime
+from tracker.measure.speedup import Speedup, SpeedupConfig
+from tracker.measure.task_diff import TaskTolerance, accuracy_margin
+from tracker.optimize import Candidate
+
+# Rung 1 of the speed screen: 4 rounds of fresh session pairs, a few block pairs each (~3 s on a 10 ms model).
+SHORT_SCREEN = SpeedupConfig(rounds=4, max_rounds=4, seconds=0.0, round_seconds=0.05, min_pairs=4, warmup_runs=1)
+# Rung 2, for the better half: longer rounds, for a tighter estimate before the full measurement.
+LONG_SCREEN = SpeedupConfig(rounds=6, max_rounds=6, seconds=0.0, round_seconds=0.2, min_pairs=8, warmup_runs=2)
+
+
+@dataclass(frozen=True)
+class AccuracyCheck:
+    """A candidate's outputs against the baseline's: passed, the margin (`accuracy_margin`), the diff's metrics."""
+
+    passed: bool
+    margin: float
+    metrics: dict[str, float]
+
+
+def check_accuracy(
+    candidate: Candidate, feeds: Mapping[str, np.ndarray], baseline_outputs: Sequence[np.ndarray],
+    tolerance: TaskTolerance | Mapping[str, TaskTolerance], *, session: SessionConfig,
+) -> AccuracyCheck:
+    """Runs `candidate` once on `feeds` and judges its outputs with the tolerance of its precision.
+
+    Outputs with NaN where the baseline has none fail the check, as in a full attempt.
+    """
+    chosen = tolerance[candidate.precision] if isinstance(tolerance, Mapping) else tolerance
+    attempt = Attempt(name="screen", model=Path(candidate.path), session=replace(session, **candidate.session))
+    run = get_runtime(attempt.runtime).runner(attempt, None)
+    diff = chosen.compare(baseline_outputs, run(dict(feeds)))
+    return AccuracyCheck(bool(diff.passed), float(accuracy_margin(diff)), dict(diff.metrics()))
+
+
+def screen_speed(
+    candidate: Candidate, baseline: Attempt, feeds: Mapping[str, np.ndarray], *, session: SessionConfig,
+    config: SpeedupConfig = SHORT_SCREEN,
+) -> Speedup:
+    """A short interleaved timing of `candidate` against the baseline: a screen that ranks candidates, not the
+    calibrated speed-up of a full attempt."""
+    attempt = Attempt(name="screen", model=Path(candidate.path), session=replace(session, **candidate.session))
+    return time_against(attempt, baseline, feeds, config)
