@@ -29,6 +29,8 @@ TAG_VERDICT = "tracker.verdict"
 TAG_PIPELINE = "tracker.pipeline"  # a chain's steps, e.g. "attention_fused+int8_dynamic"
 TAG_PARENT_ATTEMPT = "tracker.parent_attempt"  # the attempt a chain extends (every step but its last)
 TAG_SEARCH_STAGE = "tracker.search.stage"  # the search stage an attempt run was measured in
+# The failing quantization a sensitivity fallback rescued: its kept-in-fp32 nodes cost that one its accuracy.
+TAG_FALLBACK_OF = "tracker.search.fallback_of"
 TAG_DISTURBED = "tracker.disturbed"  # measuring steps other processes disturbed, e.g. "latency,profiling"
 TAG_WEIGHTS = "tracker.weights"  # where a GPT-2 study's weights came from (random, not pretrained)
 TAG_MODEL_FORMAT = "tracker.model_format"  # set when the model is a plain artifact, not the onnx flavor

@@ -170,8 +170,8 @@ def test_a_config_wins_over_the_graph_and_a_disagreement_is_a_warning(small_mode
 
 
 @pytest.mark.parametrize(("fields", "reason"), [
-    pytest.param({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 32},
-                 "model_type 'llama' has no onnxruntime.transformers optimizer type (known: albert, bart, bert",
+    pytest.param({"model_type": "mamba", "num_attention_heads": 4, "hidden_size": 32},
+                 "model_type 'mamba' has no onnxruntime.transformers optimizer type (known: albert, bart, bert",
                  id="unknown-type"),
     pytest.param({"model_type": "bert", "hidden_size": 32}, "has no num_attention_heads/n_head", id="no-heads"),
     pytest.param({"model_type": "bert", "num_attention_heads": 5, "hidden_size": 32}, "must be a multiple of",

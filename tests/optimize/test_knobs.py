@@ -98,15 +98,13 @@ def test_a_chain_runs_each_step_on_the_model_before_it_and_adds_up_what_they_did
     candidate = chain(source.path, tmp_path, Context(feeds=source.feeds[0]))
 
     assert candidate.precision == "int8" and candidate.applied
-    assert candidate.fusions["Attention"] == 2, candidate.fusions  # attention_fused's, kept through int8
+    assert candidate.fusions["Attention"] == 2, candidate.fusions  # attention_fused's, counted again by int8's step
     assert candidate.session == {"intra_op_num_threads": 1}
     assert candidate.params["pipeline"] == chain.name and candidate.params["quantization.per_channel"] == "true"
     assert tmp_path in candidate.path.parents and candidate.path.parent.name == "1-int8_dynamic.pc"
     assert any(note.startswith("attention_fused: ") for note in candidate.notes)
-    graph = onnx.load_model(str(candidate.path), load_external_data=False)
-    ops = {n.op_type for n in graph.node}
-    assert {"Attention", "DynamicQuantizeMatMul"} & ops == {"Attention", "DynamicQuantizeMatMul"} or \
-        {"Attention", "MatMulInteger"} <= ops, ops
+    ops = {n.op_type for n in onnx.load_model(str(candidate.path), load_external_data=False).graph.node}
+    assert "Attention" in ops and ops & {"DynamicQuantizeMatMul", "MatMulInteger"}, ops
 
 
 def test_session_settings_go_last_in_a_chain():

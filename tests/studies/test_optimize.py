@@ -155,7 +155,7 @@ def runs_of_or_empty(tmp_path: Path) -> dict[str, object]:
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--task", "poetry"], "unknown task 'poetry'"),
-    (["--attempts", "turbo"], "unknown attempts ['turbo']"),
+    (["--attempts", "turbo"], "unknown optimization 'turbo'; registered: ort_opt_disabled"),
     (["--attempts", "ort_opt_basic"], "ort_opt_basic does not apply"),
 ])
 def test_bad_choices_exit_2_naming_the_problem_before_any_run(tmp_path, classifier, args, message):

@@ -61,10 +61,11 @@ class Chain(Entry):
         for index, step in enumerate(self.steps):
             made.append(step(current, Path(target_dir) / f"{index}-{step.name}", context))
             current = made[-1].path
+        # A step's counts are of the ops in the graph it made (ORT's optimizer counts the fused ops it finds, new or
+        # not): the last step that counts an op type says how many the chain's model has.
         fusions: dict[str, int] = {}
         for candidate in made:
-            for op, count in candidate.fusions.items():
-                fusions[op] = fusions.get(op, 0) + count
+            fusions.update(candidate.fusions)
         params: dict[str, str] = {}
         for candidate in made:
             params.update(candidate.params)

@@ -22,14 +22,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from tracker.keys import TAG_FALLBACK_OF, TAG_SEARCH_STAGE
 from tracker.measure.attempt import Attempt
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.task_diff import TaskTolerance
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
-from tracker.search import space
 from tracker.search.budget import Budget
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, check_accuracy, screen_speed
 from tracker.search.sensitivity import Sensitivity, fallback
+from tracker.search.space import by_family, candidates, interleave
 
 logger = logging.getLogger(__name__)
 
@@ -191,11 +192,11 @@ class _Search:
     def run(self) -> None:
         graph = onnx.load_model(str(self.source), load_external_data=False)
         with self._timed("applicability"):
-            found, refused = space.candidates(graph, self.context, entries=self.config.entries,
+            found, refused = candidates(graph, self.context, entries=self.config.entries,
                                               per_entry=self.config.per_entry, knobs=self.config.knobs)
         for name, why in refused.items():
             self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
-        order = space.interleave(space.by_family(found).values())
+        order = interleave(by_family(found).values())
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
         with self._timed("accuracy"):
@@ -355,7 +356,10 @@ class _Search:
                 logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
                 start = time.perf_counter()
                 entry, _ = self.made[row.name]
-                self.optimize(entry, self.source, tags={"tracker.search.stage": row.stage})
+                tags = {TAG_SEARCH_STAGE: row.stage}
+                if row.fallback_of:  # which nodes stayed in fp32 is in its params and notes; why, here
+                    tags[TAG_FALLBACK_OF] = row.fallback_of
+                self.optimize(entry, self.source, tags=tags)
                 self.budget.record("full", time.perf_counter() - start)
                 row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
                 self._drop(row.name)
