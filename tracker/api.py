@@ -269,7 +269,8 @@ class Study:
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
         parent_run_id, experiment_id = write.current_ids()
-        record = AttemptRecord(name, self.name, runtime, tags={**self.tags, **(tags or {})}, parent_run_id=parent_run_id,
+        record = AttemptRecord(name, self.name, runtime, tags={**self.tags, **(tags or {})},
+                               parent_run_id=parent_run_id,
                                experiment_id=experiment_id)
         self.failures[name] = _mark_failed(record, error)
         _log_or_keep(record)  # the same way as a measured attempt: to the store, else to the outbox

@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, child_env
-from tests.search.conftest import SENSITIVE, make_sensitive_mlp
+from tests.search.conftest import SENSITIVE
 from tracker.api import Study
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.latency import TimingConfig
@@ -84,13 +84,16 @@ def _run_cli(tmp_path: Path, *args: str, **kwargs) -> subprocess.CompletedProces
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--search", "--budget", "20x"], "--budget expects a duration such as 20m, 90s, 1h30m or 1200 (seconds), got '20x'"),
+    (["--search", "--budget", "20x"],
+     "--budget expects a duration such as 20m, 90s, 1h30m or 1200 (seconds), got '20x'"),
     (["--search", "--budget", "0m"], "--budget must be a positive duration"),
     (["--budget", "5m"], "--budget bounds a search: add --search"),
     (["--search", "--attempts", "int8_dynamic:per_channel=true"], "--search takes registered entries in --attempts"),
-    (["--attempts", "int8_dynamic:weight_type=QInt2"], "weight_type=QInt2 is not allowed; expected one of QInt8, QUInt8"),
+    (["--attempts", "int8_dynamic:weight_type=QInt2"],
+     "weight_type=QInt2 is not allowed; expected one of QInt8, QUInt8"),
 ], ids=["budget-unit", "budget-zero", "budget-alone", "search-variant", "knob-value"])
-def test_bad_search_arguments_get_a_one_line_error_and_exit_2_with_nothing_logged(tmp_path, sensitive_mlp, args, message):
+def test_bad_search_arguments_get_a_one_line_error_and_exit_2_with_nothing_logged(tmp_path, sensitive_mlp, args,
+                                                                                   message):
     done = _run_cli(tmp_path, str(sensitive_mlp[0]), *args)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [f"error: {done.stderr.strip()[7:]}"] and message in done.stderr

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tracker.optimize.base import Candidate, Context, FunctionEntry, copy_model, info_source, prepare_output, transformer
+from tracker.optimize.base import (
+    Candidate,
+    Context,
+    FunctionEntry,
+    copy_model,
+    info_source,
+    prepare_output,
+    transformer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +49,6 @@ def attention_fused(source: Path, target_dir: Path, context: Context) -> Candida
     Where no attention fuses (the legacy TorchScript export's graph does not match onnxscript's
     patterns) nothing is kept: `applied` is False and the output is an unchanged copy of the source.
     """
-    import onnx
     import onnx_ir as ir
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
 
@@ -160,5 +167,6 @@ def _count_ms_ops(model) -> dict[str, int]:
     return counts
 
 
-ENTRY = FunctionEntry(NAME, "transform", "onnxscript's ORT fusions: attention into MultiHeadAttention, layer norms, GELU",
+ENTRY = FunctionEntry(NAME, "transform",
+                      "onnxscript's ORT fusions: attention into MultiHeadAttention, layer norms, GELU",
               attention_fused, transformer)

@@ -26,7 +26,8 @@ class Chain(Entry):
     def __post_init__(self) -> None:
         if len(self.steps) < 2:
             raise ValueError(f"a chain has at least two steps, got {[s.name for s in self.steps]}")
-        after_session = [s.name for s, nxt in zip(self.steps, self.steps[1:]) if s.kind == "session" and nxt.kind != "session"]
+        after_session = [s.name for s, nxt in zip(self.steps, self.steps[1:])
+                         if s.kind == "session" and nxt.kind != "session"]
         if after_session:
             raise ValueError(f"session settings go last in a chain (they are not a model to rewrite): {after_session} "
                              f"come before a step that rewrites the graph")

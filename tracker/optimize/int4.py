@@ -71,7 +71,8 @@ class Int4(Entry):
     @property
     def summary(self) -> str:
         return (f"int4 weight-only MatMul weights (MatMulNBits, {'symmetric ' if self.symmetric else ''}blocks of "
-                f"{self.block_size}, {'int8' if self.accuracy_level == 4 else 'level ' + str(self.accuracy_level)} compute)")
+                f"{self.block_size}, {'int8' if self.accuracy_level == 4 else f'level {self.accuracy_level}'} "
+                "compute)")
 
     def __post_init__(self) -> None:
         self.check_knobs()
@@ -112,7 +113,8 @@ class Int4(Entry):
             "weights behind a Transpose, such as a tied lm_head, initializers the quantizer takes)",
             f"{rewritten} of {gemms} Gemm rewritten as MatMul + Add so their weights can be quantized",
             f"{len(nbits)} MatMul weights quantized to int4 ({'symmetric' if self.symmetric else 'asymmetric'}, "
-            f"block_size {self.block_size}, accuracy_level {self.accuracy_level}); {left} MatMul/Gemm float weights left",
+            f"block_size {self.block_size}, accuracy_level {self.accuracy_level}); {left} MatMul/Gemm float weights "
+            "left",
             f"model size {source_bytes / 1e6:.2f} MB -> {target_bytes / 1e6:.2f} MB "
             f"({source_bytes / max(target_bytes, 1):.2f}x smaller)",
         ]
@@ -120,7 +122,8 @@ class Int4(Entry):
             notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
         padded = sum(1 for k in k_of if k % self.block_size)
         if padded:
-            notes.append(f"{padded} of them have K not a multiple of {self.block_size}: their last block is zero-padded")
+            notes.append(f"{padded} of them have K not a multiple of {self.block_size}: their last block is "
+                         "zero-padded")
         if not nbits:
             notes.append("nothing was quantized: the model runs as float, with ORT's basic optimizations")
         return Candidate(

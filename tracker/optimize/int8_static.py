@@ -161,7 +161,8 @@ class Int8Static(Entry):
         notes = [
             how,
             "pre-processed with ORT's basic graph optimizations and ONNX shape inference (quant_pre_process)",
-            f"{quantized} MatMul/Gemm/Conv nodes quantized to int8 ({'per-channel' if self.per_channel else 'per-tensor'} "
+            f"{quantized} MatMul/Gemm/Conv nodes quantized to int8 "
+            f"({'per-channel' if self.per_channel else 'per-tensor'} "
             f"weights, per-tensor activations): {qdq['QuantizeLinear']} QuantizeLinear, "
             f"{qdq['DequantizeLinear']} DequantizeLinear",
         ]

@@ -123,5 +123,6 @@ def ort_opt_extended(source: Path, target_dir: Path, context: Context) -> Candid
 # Two levels of one tool, so one module.
 BASIC = FunctionEntry("ort_opt_basic", "transform", "ORT's transformer optimizer at opt_level 1, saved as a new model",
               ort_opt_basic, ort_transformer)
-EXTENDED = FunctionEntry("ort_opt_extended", "transform", "ORT's transformer optimizer at opt_level 2, saved as a new model",
+EXTENDED = FunctionEntry("ort_opt_extended", "transform",
+                         "ORT's transformer optimizer at opt_level 2, saved as a new model",
                  ort_opt_extended, ort_transformer)

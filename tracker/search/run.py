@@ -12,10 +12,11 @@ attempt (`rows.pick_best`), so the search and a plain study decide it alike.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -176,17 +177,13 @@ class _Search:
         return {"accuracy": full + screens, "fallback": full + 4 * self.budget.expected("screen", _GUESS_S["screen"]),
                 "speed_screen": full, "full": 0.0}[after]
 
-    def _timed(self, stage: str):
-        search = self
-
-        class _Clock:
-            def __enter__(self):
-                self.start = time.perf_counter()
-
-            def __exit__(self, *exc):
-                search.seconds[stage] += time.perf_counter() - self.start
-
-        return _Clock()
+    @contextlib.contextmanager
+    def _timed(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[stage] += time.perf_counter() - start
 
     # -- stages
     def run(self) -> None:
