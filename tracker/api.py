@@ -217,8 +217,9 @@ class Study:
         tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
     ) -> SearchResult:
         """Searches the registry's entries, knobs and chains for the fastest variant of `source` that passes its
-        check (`tracker.search.run_search`); the leaders become attempt runs, and what was screened out, with the
-        reason, a table on the study run (`report/search.html`). Measures the baseline first if the study has none.
+        check (`tracker.search.run_search`). The leaders become attempt runs; every other candidate that was timed a
+        light run (`tracker.role` = "candidate"); every candidate, with where and why it stopped, a row of the table
+        on the study run (`report/search.html`). Measures the baseline first if the study has none.
 
         Returns:
             What the search did; the answer is `study.best`.
@@ -241,6 +242,11 @@ class Study:
                 optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
                                                                 tolerance=tolerance, tags=tags),
             )
+        try:  # the table on the study run holds the same rows: losing these runs loses no figure
+            write.log_candidate_runs(self.search_result.candidate_runs(self.name))
+        except Exception as e:
+            logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
+                           "report/search_candidates.json holds them", type(e).__name__, e)
         return self.search_result
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:

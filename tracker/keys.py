@@ -29,6 +29,8 @@ TAG_VERDICT = "tracker.verdict"
 TAG_PIPELINE = "tracker.pipeline"  # a chain's steps, e.g. "attention_fused+int8_dynamic"
 TAG_PARENT_ATTEMPT = "tracker.parent_attempt"  # the attempt a chain extends (every step but its last)
 TAG_SEARCH_STAGE = "tracker.search.stage"  # the search stage an attempt run was measured in
+TAG_SEARCH_STATUS = "tracker.search.status"  # a candidate run's end: screened, skipped, failed
+TAG_SEARCH_REASON = "tracker.search.reason"  # why a candidate run went no further
 # The failing quantization a sensitivity fallback rescued: its kept-in-fp32 nodes cost that one its accuracy.
 TAG_FALLBACK_OF = "tracker.search.fallback_of"
 TAG_DISTURBED = "tracker.disturbed"  # measuring steps other processes disturbed, e.g. "latency,profiling"
@@ -41,6 +43,7 @@ TAG_SUPERSEDED_BY = "tracker.superseded_by"  # a run replaced by its upload: `tr
 # Values of the `tracker.role` tag.
 ROLE_STUDY = "study"  # a study's parent run
 ROLE_ATTEMPT = "attempt"  # one attempt, nested under its study
+ROLE_CANDIDATE = "candidate"  # a search's candidate timed on the screen only (the attempts are measured in full)
 
 # Values of the `tracker.status` tag (and of a report row's status).
 STATUS_OK = "ok"

@@ -50,7 +50,16 @@ def test_a_search_keeps_the_planted_layer_in_fp32_and_measures_the_rescued_int8_
     assert rescued.passed and rescued.fallback_of == "int8_dynamic" and rescued.status == "timed"
     assert [s.kept for s in result.sensitivities] == [(SENSITIVE,)]
     runs = _children(store, study)
-    assert set(runs) == {"baseline", "int8_dynamic.fp32-1"}
+    roles = {name: r.data.tags["tracker.role"] for name, r in runs.items()}
+    assert roles == {"baseline": "attempt", "int8_dynamic.fp32-1": "attempt", "int8_dynamic": "candidate"}, roles
+    screened = runs["int8_dynamic"].data
+    assert screened.tags["tracker.search.status"] == "screened" and "fallback" in screened.tags["tracker.search.reason"]
+    assert screened.metrics["search.margin"] < 0 < screened.metrics["search.screen_speedup"]
+    assert screened.params["quantization.per_channel"] == "false" and screened.params["precision"] == "int8"
+    from tracker.report.compare import load_comparison
+
+    compared = load_comparison(study_run_id=study.run.info.run_id, experiment=None, study=None, run_ids=())
+    assert [r.attempt for r in compared.rows] == ["baseline", "int8_dynamic.fp32-1"]  # candidates are not attempts
     run = runs["int8_dynamic.fp32-1"]
     assert run.data.params["quantization.nodes_to_exclude"] == SENSITIVE
     assert run.data.tags["tracker.search.stage"] == "speed_screen"

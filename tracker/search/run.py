@@ -23,7 +23,15 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker.keys import TAG_FALLBACK_OF, TAG_SEARCH_STAGE
+from tracker.keys import (
+    TAG_ATTEMPT,
+    TAG_FALLBACK_OF,
+    TAG_PIPELINE,
+    TAG_SEARCH_REASON,
+    TAG_SEARCH_STAGE,
+    TAG_SEARCH_STATUS,
+    TAG_STUDY,
+)
 from tracker.measure.attempt import Attempt
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.task_diff import TaskTolerance
@@ -91,6 +99,7 @@ class Row:
     fallback_of: str | None = None
     pipeline: str | None = None
     diff: dict[str, float] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)  # what the candidate's entry did (its knobs among them)
 
 
 @dataclass
@@ -106,6 +115,26 @@ class SearchResult:
     def counts(self) -> dict[str, int]:
         timed = sum(r.status == "timed" for r in self.rows)
         return {"considered": len(self.rows), "screened_out": len(self.rows) - timed, "timed": timed}
+
+    def candidate_runs(self, study: str) -> list[dict[str, dict]]:
+        """The candidates timed on the screen but not measured in full, as light runs (params, metrics, tags):
+        every timed candidate is then a run of the study, those measured in full being its attempt runs."""
+        runs = []
+        for row in self.rows:
+            if row.screen_speedup is None or row.status == "timed":
+                continue
+            tags = {TAG_ATTEMPT: row.name, TAG_STUDY: study, TAG_SEARCH_STAGE: row.stage, TAG_SEARCH_STATUS: row.status,
+                    TAG_SEARCH_REASON: row.reason}
+            if row.pipeline:
+                tags[TAG_PIPELINE] = row.pipeline
+            if row.fallback_of:
+                tags[TAG_FALLBACK_OF] = row.fallback_of
+            metrics = {"search.screen_speedup": row.screen_speedup, "search.screen_ci_low": row.screen_ci_low,
+                       "search.screen_ci_high": row.screen_ci_high, "search.margin": row.margin,
+                       "model.size_bytes": row.size_bytes, **row.diff}
+            runs.append({"tags": tags, "params": dict(row.params),
+                         "metrics": {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}})
+        return runs
 
     def metrics(self) -> dict[str, float]:
         metrics = {f"search.{k}": float(v) for k, v in self.counts().items()}
@@ -225,6 +254,7 @@ class _Search:
         finally:
             self.budget.record("make", time.perf_counter() - start)
         row.precision, row.passed, row.margin = candidate.precision, check.passed, check.margin
+        row.params = {**candidate.params, "precision": candidate.precision}
         row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
         row.size_bytes = _size(candidate.path)
         self.made[entry.name] = (entry, candidate)

@@ -22,6 +22,7 @@ import pandas as pd
 from mlflow.data.meta_dataset import MetaDataset
 
 from tracker.keys import (
+    ROLE_CANDIDATE,
     NO_BEST,
     ROLE_ATTEMPT,
     ROLE_STUDY,
@@ -383,6 +384,23 @@ def current_ids() -> tuple[str | None, str | None]:
     from mlflow.tracking.fluent import _get_experiment_id
 
     return None, _get_experiment_id()
+
+
+@defers_sigterm
+def log_candidate_runs(candidates: list[Mapping[str, Mapping]]) -> list[str]:
+    """Logs each candidate of a search that was timed but not measured in full as a light run nested under the
+    active (study) run: its `params`, `metrics` and `tags` (`tracker.role` = "candidate", so `tracker compare` and
+    the study report, which read attempt runs, leave them out). Returns the run ids."""
+    ids = []
+    for candidate in candidates:
+        tags = {**candidate["tags"], TAG_ROLE: ROLE_CANDIDATE}
+        with mlflow.start_run(run_name=tags.get(TAG_ATTEMPT), nested=True) as run:
+            mlflow.set_tags({k: str(v)[:_MAX_TAG_CHARS] for k, v in tags.items()})
+            if candidate["params"]:
+                mlflow.log_params({k: str(v)[:6000] for k, v in candidate["params"].items()})
+            mlflow.log_metrics(_clean_metrics(candidate["metrics"]))
+            ids.append(run.info.run_id)
+    return ids
 
 
 @defers_sigterm
