@@ -24,7 +24,7 @@ from tracker.measure.model_io import load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import TOLERANCES
 from tracker.measure.roofline import Roofline
-from tracker.measure.task_diff import TaskTolerance
+from tracker.measure.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
 from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE
@@ -175,7 +175,7 @@ class Study:
         found = get_entry(entry) if isinstance(entry, str) else entry
         name = name or found.name
         check_name("attempt", name)
-        context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._workdir / "prepared")
+        context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._prepared)
         logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
         # A session entry makes nothing: no optimize step in the study's time table.
         step = nullcontext() if found.kind == "session" else self.steps.step("optimize")
@@ -191,7 +191,7 @@ class Study:
             return None
         # A session entry measures its source as given (in memory or not), with other settings.
         model = source if candidate.path == source_path else candidate.path
-        chosen = tolerance[candidate.precision] if isinstance(tolerance, Mapping) else tolerance
+        chosen = tolerance_for(tolerance, candidate.precision)
         metrics, params = _candidate_content(found, candidate, seconds)
         return self.attempt(
             name,
@@ -229,8 +229,8 @@ class Study:
         session = session or SessionConfig()
         baseline = runtime_baselines(self.results).get("onnxruntime")
         if baseline is None:
-            first = tolerance["fp32"] if isinstance(tolerance, Mapping) else tolerance
-            baseline = self.attempt("baseline", Path(source), session=session, tolerance=first,
+            baseline = self.attempt("baseline", Path(source), session=session,
+                                    tolerance=tolerance_for(tolerance, "fp32"),
                                     description=f"{Path(source).name} as given")
             if not baseline.ok:
                 raise ValueError(f"the baseline failed, so nothing can be compared with it: {baseline.error}")
@@ -239,6 +239,7 @@ class Study:
                 Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
                 tolerance=tolerance, workdir=self._workdir / "search", config=config or SearchConfig(), info=info,
                 session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
+                prepared=self._prepared,
                 optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
                                                                 tolerance=tolerance, tags=tags),
             )
@@ -248,6 +249,12 @@ class Study:
             logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
                            "report/search_candidates.json holds them", type(e).__name__, e)
         return self.search_result
+
+    @property
+    def _prepared(self) -> Path:
+        """Where entries keep the pre-processed sources their variants share (`Context.work`), for the study's
+        attempts and its search alike."""
+        return self._workdir / "prepared"
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:
         """The model at `path` without its weights' values, read once per study: what `Entry.applies` looks at."""
@@ -430,6 +437,7 @@ def run_attempt(
     record = AttemptRecord(attempt.name, study, attempt.runtime, parent_run_id=parent_run_id,
                            experiment_id=experiment_id, params=run_content.attempt_params(attempt))
     result = AttemptResult(attempt=attempt)
+    interrupted: BaseException | None = None
     try:
         same_runtime = baselines.get(attempt.runtime)
         # A runtime's first attempt has its outputs checked against the study's first baseline (cross-runtime).
@@ -457,11 +465,11 @@ def run_attempt(
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C or SIGTERM mid-attempt: the cut attempt is a FAILED run
         result.error = _mark_failed(record, e)
         record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
-        record.tags.update(tags or {})
-        _log_or_keep(record)
-        raise
+        interrupted = e
     record.tags.update(tags or {})
     result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
+    if interrupted is not None:  # logged like any attempt; the study then unwinds
+        raise interrupted
     # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
     release_free_memory()
     return result

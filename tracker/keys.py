@@ -101,8 +101,8 @@ def logged_model_name(study: str | None, attempt: str) -> str:
     """The name of an attempt's MLflow logged model: `<study>-<attempt>`, or `<attempt>` outside a study.
 
     Not `<study>.<attempt>`: MLflow 3.17 refuses a logged model name holding `.`, `/`, `:`, `%` or quotes,
-    so a dot inside a study or attempt name becomes `_` (and the `+` of a chain `_then_`). The model's tags `tracker.study` and
-    `tracker.attempt` carry the exact names.
+    so a dot inside a study or attempt name becomes `_` (and the `+` of a chain `_then_`). The model's tags
+    `tracker.study` and `tracker.attempt` carry the exact names.
     """
     return "-".join(part.replace(".", "_").replace("+", "_then_") for part in (study, attempt) if part)
 

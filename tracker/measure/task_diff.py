@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,12 @@ _BY_TASK: dict[str, dict[str, TaskTolerance]] = {
     "embedding": EMBEDDING_TOLERANCES,
     "lm": LOGITS_TOLERANCES,
 }
+
+
+def tolerance_for(tolerance: TaskTolerance | Mapping[str, TaskTolerance], precision: str) -> TaskTolerance:
+    """The tolerance that judges a model of `precision`: one given for every precision, or its entry in a table
+    by precision (`task_tolerances`)."""
+    return tolerance[precision] if isinstance(tolerance, Mapping) else tolerance
 
 
 def task_tolerances(task: str) -> dict[str, TaskTolerance]:

@@ -80,12 +80,20 @@ class Int4(Entry):
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         return has_matmul_weights(model, context)
 
+    def pre_processing(self, source: Path, context: Context) -> str:
+        """How the source is prepared (`prepare.HOWS`): `quant_pre_process` without shape inference."""
+        return "quant_pre_process"
+
+    # MatMulNBits takes MatMul weights; plain Gemms are rewritten as MatMul + Add first (what `exclude` may name).
+    weight_ops = ("MatMul", "Gemm")
+
     def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
         from onnxruntime.quantization.onnx_model import ONNXModel
 
         target = prepare_output(source, target_dir, self.name)
         source_bytes = model_bytes(source)
-        with prepared(source, target.parent, context, how="quant_pre_process", entry=self.name) as ready:
+        with prepared(source, target.parent, context, how=self.pre_processing(source, context),
+                      entry=self.name) as ready:
             model = onnx.load_model(str(ready.path), load_external_data=True)
         gemms = count_ops(model, ("Gemm",))["Gemm"]
         # The quantizer takes MatMul only, and torch exports most linear layers as Gemm: ORT's own rewrite

@@ -22,6 +22,8 @@ from tracker.optimize.prepare import pre_process_for, prepared
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul")
 # "all": what quantize_dynamic quantizes when not told (MatMul, Gemm, Gather of embeddings, Attention, Conv...).
 OP_TYPES = ("all", "MatMul", "MatMul,Gemm")
+# The weighted ops among "all" (the others quantize_dynamic takes, Gather and Attention, are left to it).
+WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
 _PRE_PROCESSED = {"ort_optimizer": "optimized by ORT's transformer optimizer at opt_level 1 (fused)",
                   "quant_pre_process": "pre-processed by quant_pre_process (ORT's basic optimizations)"}
 
@@ -55,15 +57,22 @@ class Int8Dynamic(Entry):
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         return has_matmul_weights(model, context)
 
-    def pre_process(self, source: Path, context: Context) -> str:
+    def pre_processing(self, source: Path, context: Context) -> str:
+        """How the source is prepared (`prepare.HOWS`): ORT's optimizer for a known transformer."""
         return pre_process_for(source, context)
+
+    @property
+    def weight_ops(self) -> tuple[str, ...]:
+        """The weighted op types it quantizes (what `exclude` may name)."""
+        return WEIGHT_OPS if self.op_types == "all" else tuple(self.op_types.split(","))
 
     def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         target = prepare_output(source, target_dir, self.name)
         tied = transposed_weights(onnx.load_model(str(source), load_external_data=False))
-        with prepared(source, target.parent, context, how=self.pre_process(source, context), entry=self.name) as ready:
+        with prepared(source, target.parent, context, how=self.pre_processing(source, context),
+                      entry=self.name) as ready:
             quantize_dynamic(
                 ready.path,
                 target,

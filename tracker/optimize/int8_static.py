@@ -108,6 +108,15 @@ class Int8Static(Entry):
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         return has_weights_and_feeds(model, context)
 
+    def pre_processing(self, source: Path, context: Context) -> str:
+        """How the source is prepared (`prepare.HOWS`): `quant_pre_process` with ONNX shape inference."""
+        return "quant_pre_process_shapes"
+
+    @property
+    def weight_ops(self) -> tuple[str, ...]:
+        """The op types it quantizes (what `exclude` may name)."""
+        return tuple(self.op_types.split(","))
+
     def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
         from onnxruntime.quantization import (
             CalibrationDataReader,
@@ -129,7 +138,8 @@ class Int8Static(Entry):
             def get_next(self) -> dict[str, np.ndarray] | None:
                 return next(self._samples, None)
 
-        with prepared(source, target.parent, context, how="quant_pre_process_shapes", entry=self.name) as ready:
+        with prepared(source, target.parent, context, how=self.pre_processing(source, context),
+                      entry=self.name) as ready:
             graph = onnx.load_model(str(ready.path), load_external_data=False)
             samples, how = calibration_samples(graph, context.feeds)
             printed = io.StringIO()
@@ -140,7 +150,7 @@ class Int8Static(Entry):
                     target,
                     Reader(samples),
                     quant_format=getattr(QuantFormat, self.format),
-                    op_types_to_quantize=self.op_types.split(","),
+                    op_types_to_quantize=list(self.weight_ops),
                     per_channel=self.per_channel,
                     reduce_range=self.reduce_range,
                     activation_type=getattr(QuantType, self.activation_type),

@@ -53,6 +53,8 @@ _FUSED_ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention"
 # The layer norms whose scale (input 1, else 2 for SkipLayerNormalization's gamma) gives the hidden size.
 _LAYER_NORM_SCALE = {"LayerNormalization": 1, "SkipLayerNormalization": 2, "SkipSimplifiedLayerNormalization": 2,
                      "SimplifiedLayerNormalization": 1, "RMSNormalization": 1}
+# The RMSNorm ops (no mean subtracted, no bias): a LLaMA-family model's norms, not GPT-2's or BERT's.
+_RMS_NORMS = ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization", "RMSNormalization")
 _COMPARISONS = ("Less", "LessOrEqual", "Greater", "GreaterOrEqual")
 # How far back from a comparison to look for the Range that makes a position index (Unsqueeze, Cast, Add...).
 _RANGE_HOPS = 6
@@ -214,7 +216,7 @@ def _model_type(graph: _Graph) -> tuple[str | None, str | None]:
     names = (*graph.input_names, *graph.output_names)
     if any(name.startswith(("past", "present")) for name in names) or graph.is_causal():
         # RMSNorm instead of LayerNorm: a LLaMA-family decoder (LLaMA, Mistral, Qwen2), not GPT-2.
-        return ("llama" if graph.rms_norm_widths() and not graph.layer_norm_widths(plain=True) else "gpt2"), None
+        return ("llama" if graph.rms_norm_widths() and not graph.fused_norm_widths(rms=False) else "gpt2"), None
     return "bert", None
 
 
@@ -247,34 +249,28 @@ class _Graph:
         self.declared = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.output)
                          if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
 
-    def layer_norm_widths(self, *, plain: bool = False) -> list[int]:
-        """Widths of the layer norms' scales: the fused ops', and the RMSNorms written out in plain ops (a
-        dynamo export of LLaMA) unless `plain` (then only LayerNormalization and its fused forms)."""
+    def layer_norm_widths(self) -> list[int]:
+        """Widths of every norm's scale: LayerNormalization and its fused forms, and RMSNorms (`rms_norm_widths`)."""
+        return self.fused_norm_widths(rms=False) + self.rms_norm_widths()
+
+    def rms_norm_widths(self) -> list[int]:
+        """Widths of RMSNorms: the fused ops', and the written-out ones (a dynamo export of LLaMA),
+        x * 1/sqrt(mean(x^2) + eps) * weight, found from a ReduceMean of a Pow to the Mul by a 1-D weight."""
+        written_out = [self._scale_after(node.output[0], hops=6) for node in self.nodes
+                       if node.op_type == "ReduceMean" and node.input[0] in self.producer
+                       and self.producer[node.input[0]].op_type == "Pow"]
+        return self.fused_norm_widths(rms=True) + [w for w in written_out if w]
+
+    def fused_norm_widths(self, *, rms: bool) -> list[int]:
+        """Widths of the 1-D scales of the norm ops (`_LAYER_NORM_SCALE`): the RMSNorm ones, or the others."""
         widths = []
         for node in self.nodes:
             index = _LAYER_NORM_SCALE.get(node.op_type)
-            if index is None or len(node.input) <= index:
-                continue
-            if plain and "Simplified" in node.op_type or plain and node.op_type == "RMSNormalization":
+            if index is None or len(node.input) <= index or (node.op_type in _RMS_NORMS) != rms:
                 continue
             dims = self._dims(node.input[index])
             if dims is not None and len(dims) == 1 and dims[0] > 0:
                 widths.append(dims[0])
-        return widths if plain else widths + self.rms_norm_widths()
-
-    def rms_norm_widths(self) -> list[int]:
-        """Widths of RMSNorms: the fused ops', and the written-out ones, x * 1/sqrt(mean(x^2) + eps) * weight, found
-        from a ReduceMean of a Pow to the Mul by a 1-D weight a few nodes on."""
-        widths = []
-        for node in self.nodes:
-            if node.op_type in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
-                                "RMSNormalization"):
-                dims = self._dims(node.input[_LAYER_NORM_SCALE[node.op_type]])
-                widths += [dims[0]] if dims is not None and len(dims) == 1 and dims[0] > 0 else []
-            elif node.op_type == "ReduceMean" and self.producer.get(node.input[0]) is not None \
-                    and self.producer[node.input[0]].op_type == "Pow":
-                width = self._scale_after(node.output[0], hops=6)
-                widths += [width] if width else []
         return widths
 
     def _scale_after(self, name: str, hops: int) -> int | None:

@@ -93,9 +93,13 @@ def pre_process_for(source: Path, context: Context) -> str:
     return "ort_optimizer" if info.model_type in ORT_OPTIMIZER_TYPES else "quant_pre_process"
 
 
-def quantizable_nodes(model: onnx.ModelProto, op_types: tuple[str, ...]) -> list[str]:
-    """Names of the nodes of `op_types` with a float weight initializer: what a `nodes_to_exclude` knob may name."""
-    return [node.name for node in float_weights(model, op_types)]
+def quantizable_nodes(entry, source: Path, folder: Path, context: Context) -> list[str]:
+    """What the `exclude` knob of a quantization `entry` may name: the nodes of its `weight_ops` with a float weight,
+    in the graph it quantizes (the source pre-processed its way, `entry.pre_processing`)."""
+    how = entry.pre_processing(source, context)
+    with prepared(source, folder, context, how=how, entry=entry.name) as ready:
+        graph = onnx.load_model(str(ready.path), load_external_data=False)
+    return [node.name for node in float_weights(graph, entry.weight_ops)]
 
 
 def model_bytes(path: Path) -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)([hms])")
@@ -57,5 +59,11 @@ class Budget:
         """Whether one more `kind` fits in what is left, keeping `reserve` seconds for later stages."""
         return self.left() - reserve >= self.expected(kind, default)
 
-    def record(self, kind: str, seconds: float) -> None:
-        self.costs.setdefault(kind, []).append(seconds)
+    @contextlib.contextmanager
+    def timing(self, kind: str) -> Iterator[None]:
+        """Counts the block's wall time as one `kind` of work (also when it raises)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.costs.setdefault(kind, []).append(time.perf_counter() - start)

@@ -12,11 +12,9 @@ attempt (`rows.pick_best`), so the search and a plain study decide it alike.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import shutil
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from tracker.keys import (
 )
 from tracker.measure.attempt import Attempt
 from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.steps import StepTimes
 from tracker.measure.task_diff import TaskTolerance
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
 from tracker.search.budget import Budget
@@ -152,7 +151,7 @@ def run_search(
     source: Path, *, feeds: Mapping[str, np.ndarray], baseline: Attempt, baseline_outputs: Sequence[np.ndarray],
     tolerance: TaskTolerance | Mapping[str, TaskTolerance], optimize: Optimize, workdir: Path,
     config: SearchConfig = SearchConfig(), info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
-    full_attempt_s: float = 60.0,
+    full_attempt_s: float = 60.0, prepared: Path | None = None,
 ) -> SearchResult:
     """Searches the registry's entries and knobs for the fastest candidate that passes the task's check.
 
@@ -165,9 +164,11 @@ def run_search(
         optimize: measures and logs one entry in full (`Study.optimize`).
         workdir: where candidates are made (removed as they are screened out).
         full_attempt_s: what a full attempt costs (the baseline's), to keep time for the last stage.
+        prepared: where the pre-processed sources are kept (`Context.work`): the study's own, so that `optimize`
+            finds the leaders' there too (default: under `workdir`).
     """
     budget = Budget(config.budget_s)
-    context = Context(info=info, feeds=feeds, work=workdir / "prepared")
+    context = Context(info=info, feeds=feeds, work=prepared or workdir / "prepared")
     search = _Search(source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
                      session, budget, full_attempt_s)
     try:
@@ -175,7 +176,7 @@ def run_search(
     finally:
         for folder in workdir.glob("made-*"):
             shutil.rmtree(folder, ignore_errors=True)
-    return SearchResult(search.rows, search.sensitivities, search.seconds, config.budget_s, budget.spent())
+    return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent())
 
 
 class _Search:
@@ -189,7 +190,7 @@ class _Search:
         self.by_name: dict[str, Row] = {}
         self.made: dict[str, tuple[Entry, Candidate]] = {}
         self.sensitivities: list[Sensitivity] = []
-        self.seconds: dict[str, float] = dict.fromkeys(STAGES, 0.0)
+        self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))  # seconds per stage
 
     # -- bookkeeping
     def _row(self, entry: Entry, **fields) -> Row:
@@ -202,22 +203,13 @@ class _Search:
     def _reserve(self, after: str) -> float:
         """Seconds the stages after `after` are expected to need."""
         full = self.config.max_full * self.budget.expected("full", self.full_attempt_s)
-        screens = 8 * self.budget.expected("screen", _GUESS_S["screen"])
-        return {"accuracy": full + screens, "fallback": full + 4 * self.budget.expected("screen", _GUESS_S["screen"]),
-                "speed_screen": full, "full": 0.0}[after]
-
-    @contextlib.contextmanager
-    def _timed(self, stage: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[stage] += time.perf_counter() - start
+        screen = self.budget.expected("screen", _GUESS_S["screen"])
+        return {"accuracy": full + 8 * screen, "fallback": full + 4 * screen, "speed_screen": full, "full": 0.0}[after]
 
     # -- stages
     def run(self) -> None:
         graph = onnx.load_model(str(self.source), load_external_data=False)
-        with self._timed("applicability"):
+        with self.stages.step("applicability"):
             found, refused = candidates(graph, self.context, entries=self.config.entries,
                                               per_entry=self.config.per_entry, knobs=self.config.knobs)
         for name, why in refused.items():
@@ -225,13 +217,13 @@ class _Search:
         order = interleave(by_family(found).values())
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
-        with self._timed("accuracy"):
+        with self.stages.step("accuracy"):
             for index, entry in enumerate(order):
                 logger.info("search, accuracy %d/%d: %s", index + 1, len(order), entry.name)
                 self._make_and_check(entry, stage="accuracy")
-        with self._timed("speed_screen"):
+        with self.stages.step("speed_screen"):
             self._screen_all()
-        with self._timed("fallback"):
+        with self.stages.step("fallback"):
             self._fallbacks()
             self._chains()
         self._full()
@@ -243,16 +235,15 @@ class _Search:
         if not self.budget.fits("make", _GUESS_S["make"], reserve=self._reserve("accuracy")):
             row.status, row.reason = "skipped", "not tried: the budget was kept for the later stages"
             return row
-        start = time.perf_counter()
         try:
-            candidate = entry(self.source, self.workdir / f"made-{entry.name}", self.context)
-            check = check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance, session=self.session)
+            with self.budget.timing("make"):
+                candidate = entry(self.source, self.workdir / f"made-{entry.name}", self.context)
+                check = check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance,
+                                       session=self.session)
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
             row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
             logger.warning("search: %s failed: %s", entry.name, row.reason)
             return row
-        finally:
-            self.budget.record("make", time.perf_counter() - start)
         row.precision, row.passed, row.margin = candidate.precision, check.passed, check.margin
         row.params = {**candidate.params, "precision": candidate.precision}
         row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
@@ -267,14 +258,12 @@ class _Search:
     def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen") -> None:
         entry, candidate = self.made[name]
         row = self.by_name[name]
-        start = time.perf_counter()
         try:
-            found = screen_speed(candidate, self.baseline, self.feeds, session=self.session, config=config)
+            with self.budget.timing(kind):
+                found = screen_speed(candidate, self.baseline, self.feeds, session=self.session, config=config)
         except Exception as e:  # noqa: BLE001
             row.status, row.reason = "failed", f"speed screen: {type(e).__name__}: {e}"[:300]
             return
-        finally:
-            self.budget.record(kind, time.perf_counter() - start)
         row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
         row.stage = "speed_screen"
         logger.info("search, speed screen: %s %.2fx [%.2f, %.2f]%s", name, found.speedup, found.ci_low,
@@ -310,12 +299,11 @@ class _Search:
             entry, _ = self.made[row.name]
             logger.info("search, fallback: %s (%.2fx on the screen) failed its check: finding the nodes that cost "
                         "the accuracy", row.name, row.screen_speedup)
-            start = time.perf_counter()
-            found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
-                             lambda c: check_accuracy(c, self.feeds, self.baseline_outputs, self.tolerance,
-                                                      session=self.session),
-                             out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
-            self.budget.record("fallback", time.perf_counter() - start)
+            with self.budget.timing("fallback"):
+                found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
+                                 lambda c: check_accuracy(c, self.feeds, self.baseline_outputs, self.tolerance,
+                                                          session=self.session),
+                                 out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
             self.sensitivities.append(found)
             if found.found is None:
                 row.reason += f"; fallback: {found.stopped}"
@@ -358,7 +346,7 @@ class _Search:
             row.reason = f"speed screen: {row.screen_speedup:.2f}x, not in the better half"
             self._drop(row.name)
         rung = [r for r in pool if r.name in self.made]
-        with self._timed("speed_screen"):
+        with self.stages.step("speed_screen"):
             for row in rung:
                 if self.budget.fits("long_screen", _GUESS_S["long_screen"], reserve=self._reserve("speed_screen")):
                     self._screen(row.name, LONG_SCREEN, "long_screen")
@@ -375,19 +363,18 @@ class _Search:
                 finals.append(row)
                 continue
             self._drop(row.name)
-        with self._timed("full"):
+        with self.stages.step("full"):
             for row in finals:
                 if not self.budget.fits("full", self.full_attempt_s):
                     row.status, row.reason = "skipped", "not measured in full: the budget ran out"
                     continue
                 logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
-                start = time.perf_counter()
                 entry, _ = self.made[row.name]
                 tags = {TAG_SEARCH_STAGE: row.stage}
                 if row.fallback_of:  # which nodes stayed in fp32 is in its params and notes; why, here
                     tags[TAG_FALLBACK_OF] = row.fallback_of
-                self.optimize(entry, self.source, tags=tags)
-                self.budget.record("full", time.perf_counter() - start)
+                with self.budget.timing("full"):
+                    self.optimize(entry, self.source, tags=tags)
                 row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
                 self._drop(row.name)
 

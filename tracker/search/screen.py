@@ -13,7 +13,7 @@ from tracker.measure.attempt import Attempt, time_against
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.runtime import get_runtime
 from tracker.measure.speedup import Speedup, SpeedupConfig
-from tracker.measure.task_diff import TaskTolerance, accuracy_margin
+from tracker.measure.task_diff import TaskTolerance, accuracy_margin, tolerance_for
 from tracker.optimize import Candidate
 
 # Rung 1 of the speed screen: 4 rounds of fresh session pairs, a few block pairs each (~3 s on a 10 ms model).
@@ -39,10 +39,9 @@ def check_accuracy(
 
     Outputs with NaN where the baseline has none fail the check, as in a full attempt.
     """
-    chosen = tolerance[candidate.precision] if isinstance(tolerance, Mapping) else tolerance
-    attempt = Attempt(name="screen", model=Path(candidate.path), session=replace(session, **candidate.session))
+    attempt = _screen_attempt(candidate, session)
     run = get_runtime(attempt.runtime).runner(attempt, None)
-    diff = chosen.compare(baseline_outputs, run(dict(feeds)))
+    diff = tolerance_for(tolerance, candidate.precision).compare(baseline_outputs, run(dict(feeds)))
     return AccuracyCheck(bool(diff.passed), float(accuracy_margin(diff)), dict(diff.metrics()))
 
 
@@ -52,5 +51,9 @@ def screen_speed(
 ) -> Speedup:
     """A short interleaved timing of `candidate` against the baseline: a screen that ranks candidates, not the
     calibrated speed-up of a full attempt."""
-    attempt = Attempt(name="screen", model=Path(candidate.path), session=replace(session, **candidate.session))
-    return time_against(attempt, baseline, feeds, config)
+    return time_against(_screen_attempt(candidate, session), baseline, feeds, config)
+
+
+def _screen_attempt(candidate: Candidate, session: SessionConfig) -> Attempt:
+    """The candidate as an attempt under the study's session settings, with its own on top."""
+    return Attempt(name="screen", model=Path(candidate.path), session=replace(session, **candidate.session))

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
-
 from tracker.optimize import Candidate, Context, Entry
 from tracker.optimize.prepare import quantizable_nodes
 from tracker.search.screen import AccuracyCheck
@@ -26,7 +24,6 @@ logger = logging.getLogger(__name__)
 # At most this many leave-one-out runs: more nodes are grouped into consecutive blocks.
 MAX_BLOCKS = 48
 COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-WEIGHT_OPS = ("MatMul", "Gemm", "Conv")
 
 Check = Callable[[Candidate], AccuracyCheck]
 
@@ -79,11 +76,12 @@ def fallback(
     Raises:
         ValueError: `entry` has no `exclude` knob.
     """
-    if "exclude" not in entry.knobs():
+    if "exclude" not in entry.knobs() or not hasattr(entry, "pre_processing"):
         raise ValueError(f"{entry.name} has no exclude knob: it cannot keep nodes in fp32")
     found = Sensitivity(entry)
     start = time.perf_counter()
-    nodes = _nodes_of(entry, source, context, workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    nodes = quantizable_nodes(entry, source, workdir, context)
     blocks = blocks_of(nodes, max_blocks)
     logger.info("sensitivity of %s: %d quantized nodes in %d blocks, one kept in fp32 at a time",
                 entry.name, len(nodes), len(blocks))
@@ -119,24 +117,6 @@ def fallback(
                              if largest else f"{len(ranked)} block(s): none can be kept in fp32 with one quantized")
     found.seconds = time.perf_counter() - start
     return found
-
-
-def _nodes_of(entry: Entry, source: Path, context: Context, workdir: Path) -> list[str]:
-    """The names `entry`'s exclude knob may hold: the weighted nodes of the graph it quantizes (the pre-processed
-    one), found by making the entry once."""
-    from tracker.optimize.prepare import pre_process_for, prepared
-
-    how = getattr(entry, "pre_process", None)
-    how = how(source, context) if how is not None else (
-        "quant_pre_process_shapes" if "calibration" in entry.knobs() else "quant_pre_process")
-    workdir.mkdir(parents=True, exist_ok=True)
-    with prepared(source, workdir, context, how=how or pre_process_for(source, context), entry=entry.name) as ready:
-        graph = onnx.load_model(str(ready.path), load_external_data=False)
-    op_types = getattr(entry, "op_types", "all")
-    ops = WEIGHT_OPS if op_types == "all" else tuple(op_types.split(","))
-    if "block_size" in entry.knobs():  # MatMulNBits takes MatMul weights only
-        ops = ("MatMul", "Gemm")
-    return quantizable_nodes(graph, ops)
 
 
 def _try(variant: Entry, source: Path, folder: Path, context: Context, check: Check) -> AccuracyCheck:
