@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,6 +34,13 @@ _ONNX_DOMAINS = ("", "ai.onnx")
 _MASK = re.compile(r"mask")
 _TOKEN_TYPE = re.compile(r"token_type|segment_id")
 _POSITION = re.compile(r"position_id")
+
+# String inputs: words drawn from the keys of the ai.onnx.ml op they feed (so they map to something), else these.
+_WORDS = ("the", "cat", "sat", "on", "a", "mat", "red", "green", "blue", "one", "two", "three", "yes", "no", "up",
+          "down")
+_STRING_KEYS = ("keys_strings", "cats_strings")
+# What a Python str costs beyond its characters (object header, hash, length) plus its pointer in an object array.
+STR_OBJECT_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -183,15 +190,64 @@ def _tables_reached(
 
 
 @dataclass(frozen=True)
-class _Rule:
-    """How one input's values are made; `high` bounds the integers of the random kinds."""
+class StringKeys:
+    """The strings an ai.onnx.ml op maps (a LabelEncoder's `keys_strings`, a OneHotEncoder's `cats_strings`)."""
 
-    kind: Literal["ones", "zeros", "positions", "random"]
+    node: str
+    op_type: str
+    attribute: str
+    values: tuple[str, ...]
+
+
+def string_keys(model: onnx.ModelProto) -> dict[str, StringKeys]:
+    """The strings each string input is looked up among, by input name; inputs that reach no such op are absent.
+
+    An input reaches a `LabelEncoder`, `CategoryMapper` or `OneHotEncoder` (any ai.onnx.ml op with non-empty
+    `keys_strings` or `cats_strings`) directly or through ops that keep its values (`index_tables`' list).
+    Only the main graph is searched; the first op found wins.
+    """
+    consumers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
+    for node in model.graph.node:
+        for position, name in enumerate(node.input):
+            if name:
+                consumers[name].append((node, position))
+    found = {}
+    for spec in input_specs(model):
+        if spec.dtype.kind != "O":
+            continue
+        keys = next(_string_keys_reached(spec.name, consumers), None)
+        if keys is not None:
+            found[spec.name] = keys
+    return found
+
+
+def _string_keys_reached(name: str, consumers: Mapping[str, list[tuple[onnx.NodeProto, int]]]) -> Iterator[StringKeys]:
+    pending, seen = [name], {name}
+    while pending:
+        for node, position in consumers.get(pending.pop(), []):
+            if node.domain == "ai.onnx.ml" and position == 0:
+                for attribute in node.attribute:
+                    if attribute.name in _STRING_KEYS and attribute.strings:
+                        values = tuple(v.decode("utf-8", errors="replace") for v in attribute.strings)
+                        yield StringKeys(node.name, node.op_type, attribute.name, values)
+            elif node.domain in _ONNX_DOMAINS and node.op_type in _VALUE_PRESERVING - {"Cast", "CastLike"} \
+                    and position == 0:
+                fresh = [out for out in node.output if out and out not in seen]
+                seen.update(fresh)
+                pending.extend(fresh)
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """How one input's values are made; `high` bounds the integers of the random kinds, `words` the strings."""
+
+    kind: Literal["ones", "zeros", "positions", "random", "words"]
     description: str
     high: int = 0
+    words: tuple[str, ...] = ()
 
 
-def _rule(spec: InputSpec, table: IndexedTable | None, int_high: int) -> _Rule:
+def _rule(spec: InputSpec, table: IndexedTable | None, int_high: int, keys: StringKeys | None = None) -> _Rule:
     # Name rules first: they give what a tokenizer gives for one unpadded sentence (every token attended, one
     # segment, positions in order), and stay valid for any table they index unless it is too small (checked).
     # Random draws inside the table are left to what no name describes: token ids.
@@ -208,13 +264,20 @@ def _rule(spec: InputSpec, table: IndexedTable | None, int_high: int) -> _Rule:
                                f"Gather {table.gather!r})", table.rows)
     if kind in "iu":
         return _Rule("random", f"integers in [0, {int_high})", int_high)
+    if kind == "O":  # ONNX strings
+        if keys is not None:
+            return _Rule("words", f"strings drawn from the {len(keys.values)} {keys.attribute} of {keys.op_type} "
+                                  f"{keys.node!r}", words=keys.values)
+        return _Rule("words", f"strings drawn from {len(_WORDS)} short words ({', '.join(_WORDS[:3])} ...)",
+                     words=_WORDS)
     return _Rule("random", {"f": "standard normal", "b": "random booleans"}.get(kind, f"random {spec.dtype}"))
 
 
 def feed_rules(model: onnx.ModelProto, *, int_high: int = 100) -> dict[str, str]:
     """How `make_feeds` makes each input's values, one line per input name (for a dry run, a dataset's description)."""
-    tables = index_tables(model)
-    return {spec.name: _rule(spec, tables.get(spec.name), int_high).description for spec in input_specs(model)}
+    tables, keys = index_tables(model), string_keys(model)
+    return {spec.name: _rule(spec, tables.get(spec.name), int_high, keys.get(spec.name)).description
+            for spec in input_specs(model)}
 
 
 def make_feeds(
@@ -234,7 +297,10 @@ def make_feeds(
     3. a name containing `position_id`: arange over the last axis, broadcast over the others;
     4. an input that indexes a constant table (`index_tables`, the smallest if several): integers drawn from
        [0, rows) — token ids;
-    5. other integers from [0, int_high), floats standard normal, booleans random.
+    5. other integers from [0, int_high), floats standard normal, booleans random;
+    6. strings (an object array of `str`, what ONNX Runtime takes for a string tensor): drawn from the keys of the
+       ai.onnx.ml op they feed (`string_keys`: a LabelEncoder's `keys_strings` ...), else from a fixed list of
+       short words.
 
     The name rules come first because they give what a tokenizer gives for one unpadded sentence; random
     values inside a table would also run, but a random mask or segment is not the input being measured. The
@@ -261,16 +327,14 @@ def make_feeds(
     specs = input_specs(model)
     sizes = symbolic_dims(model, dims=dims)
     shapes = [_shape(spec, sizes) for spec in specs]
-    if max_bytes is None:
-        _check_size(specs, shapes, feed_limit_bytes(), why=" (a quarter of the memory available now)")
-    else:
-        _check_size(specs, shapes, max_bytes, why="")
-    tables = index_tables(model)
+    # Generated strings are shared: an element costs its pointer only.
+    check_feed_size([InputSpec(s.name, s.dtype, shape) for s, shape in zip(specs, shapes)], max_bytes=max_bytes)
+    tables, keys = index_tables(model), string_keys(model)
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec, shape in zip(specs, shapes):
         table = tables.get(spec.name)
-        feeds[spec.name] = _generate(spec, shape, table, _rule(spec, table, int_high), rng)
+        feeds[spec.name] = _generate(spec, shape, table, _rule(spec, table, int_high, keys.get(spec.name)), rng)
     return feeds
 
 
@@ -285,6 +349,9 @@ def _generate(spec: InputSpec, shape: tuple[int, ...], table: IndexedTable | Non
         value = np.zeros(shape, spec.dtype)
     elif rule.kind == "positions":
         value = np.broadcast_to(np.arange(shape[-1]), shape).astype(spec.dtype) if shape else np.zeros((), spec.dtype)
+    elif rule.kind == "words":
+        words = np.array(rule.words, dtype=object)
+        value = np.asarray(words[rng.integers(0, len(words), size=shape)], dtype=object)
     elif rule.high or spec.dtype.kind in "iu":
         value = rng.integers(0, _highest(spec.dtype, rule.high), size=shape).astype(spec.dtype)
     else:
@@ -313,15 +380,32 @@ def feed_limit_bytes() -> int:
     return int(psutil.virtual_memory().available) // 4
 
 
-def _check_size(specs: list[InputSpec], shapes: list[tuple[int, ...]], max_bytes: int, *, why: str) -> None:
-    sizes = [math.prod(shape) * spec.dtype.itemsize for spec, shape in zip(specs, shapes)]
+def feed_bytes(spec: InputSpec) -> int:
+    """What an array of `spec`'s dtype and (sized) dims takes; a numpy unicode array also counts the Python str
+    each element becomes (`STR_OBJECT_BYTES` more), as ONNX Runtime takes strings as an object array."""
+    count = math.prod(int(d) for d in spec.dims)
+    extra = STR_OBJECT_BYTES if spec.dtype.kind == "U" else 0
+    return count * (spec.dtype.itemsize + extra)
+
+
+def check_feed_size(arrays: list[InputSpec], *, max_bytes: int | None = None,
+                    fix: str = "give smaller sizes (--dim)") -> None:
+    """Raises `FeedError` when arrays of these dtypes and sized dims would take more than `max_bytes` together.
+
+    Checked before anything is allocated or read. `max_bytes` defaults to `feed_limit_bytes()`; `fix` ends the
+    message (what the caller can do about it).
+    """
+    why = ""
+    if max_bytes is None:
+        max_bytes, why = feed_limit_bytes(), " (a quarter of the memory available now)"
+    sizes = [feed_bytes(spec) for spec in arrays]
     if sum(sizes) <= max_bytes:
         return
-    largest = sorted(zip(sizes, specs, shapes), key=lambda t: t[0], reverse=True)[:3]
-    inputs = ", ".join(f"{s.name}: {s.dtype}{list(shape)} = {_format_bytes(size)}" for size, s, shape in largest)
+    largest = sorted(zip(sizes, arrays), key=lambda t: t[0], reverse=True)[:3]
+    inputs = ", ".join(f"{s.name}: {s.dtype}{list(s.dims)} = {_format_bytes(size)}" for size, s in largest)
     raise FeedError(
         f"feeds of these sizes would take {_format_bytes(sum(sizes))} ({inputs}), more than the limit of "
-        f"{_format_bytes(max_bytes)}{why}; give smaller sizes (--dim)"
+        f"{_format_bytes(max_bytes)}{why}; {fix}"
     )
 
 
@@ -354,8 +438,8 @@ def _random(rng: np.random.Generator, spec: InputSpec, shape: tuple[int, ...]) -
         return rng.standard_normal(shape).astype(spec.dtype)
     if spec.dtype.kind == "b":
         return rng.integers(0, 2, size=shape).astype(bool)
-    raise FeedError(f"cannot generate input {spec.name!r} of dtype {spec.dtype}; expected float, integer or bool "
-                    "inputs, or pass feeds explicitly")
+    raise FeedError(f"cannot generate input {spec.name!r} of dtype {spec.dtype}; expected float, integer, bool or "
+                    "string inputs, or pass feeds explicitly")
 
 
 def check_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
@@ -365,28 +449,53 @@ def check_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None
         FeedError: naming every mismatch found, with what the model expects.
     """
     specs = {s.name: s for s in input_specs(model)}
-    # Graph inputs that are also initializers have a default value: feeding them is optional.
-    optional = {v.name for v in model.graph.input} - set(specs)
-    problems = []
-    missing = sorted(set(specs) - set(feeds))
-    extra = sorted(set(feeds) - set(specs) - optional)
-    if missing:
-        problems.append(f"missing inputs {missing}")
-    if extra:
-        problems.append(f"unknown inputs {extra}")
+    problems = _name_problems(model, feeds)
     for name in sorted(set(specs) & set(feeds)):
         spec, value = specs[name], np.asarray(feeds[name])
         if value.dtype != spec.dtype:
-            problems.append(f"{name!r} has dtype {value.dtype}, expected {spec.dtype}")
+            strings = " (strings: an object array of str)" if spec.dtype.kind == "O" else ""
+            problems.append(f"{name!r} has dtype {value.dtype}, expected {spec.dtype}{strings}")
         if value.ndim != len(spec.dims):
-            problems.append(f"{name!r} has rank {value.ndim} (shape {value.shape}), expected rank {len(spec.dims)} {spec.dims}")
+            problems.append(f"{name!r} has rank {value.ndim} (shape {value.shape}), expected rank {len(spec.dims)} "
+                            f"{spec.dims}")
             continue
         for axis, (want, got) in enumerate(zip(spec.dims, value.shape)):
             if isinstance(want, int) and want > 0 and want != got:
                 problems.append(f"{name!r} has size {got} on axis {axis}, expected {want} {spec.dims}")
+    _raise_mismatch(problems, specs.values())
+
+
+def check_feed_names(model: onnx.ModelProto, names: Iterable[str]) -> None:
+    """`check_feeds`' check of names alone, for feeds not read yet: every input given, and nothing else.
+
+    Raises:
+        FeedError: naming the missing and unknown inputs, with what the model expects.
+    """
+    _raise_mismatch(_name_problems(model, list(names)), input_specs(model))
+
+
+def _name_problems(model: onnx.ModelProto, names: Iterable[str]) -> list[str]:
+    specs = {s.name for s in input_specs(model)}
+    # Graph inputs that are also initializers have a default value: feeding them is optional.
+    optional = {v.name for v in model.graph.input} - specs
+    problems = []
+    missing = sorted(specs - set(names))
+    extra = sorted(set(names) - specs - optional)
+    if missing:
+        problems.append(f"missing inputs {missing}")
+    if extra:
+        problems.append(f"unknown inputs {extra}")
+    return problems
+
+
+def _raise_mismatch(problems: list[str], specs: Iterable[InputSpec]) -> None:
     if problems:
-        expected = ", ".join(f"{s.name}: {s.dtype}{list(s.dims)}" for s in specs.values())
+        expected = ", ".join(f"{s.name}: {_dtype_name(s.dtype)}{list(s.dims)}" for s in specs)
         raise FeedError(f"feeds do not match the model: {'; '.join(problems)} (model expects {expected})")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    return "string" if dtype.kind == "O" else str(dtype)
 
 
 def check_indices(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:
