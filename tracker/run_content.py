@@ -89,6 +89,8 @@ def measured_params(result: AttemptResult, config: MeasureConfig) -> dict[str, s
         params.update(result.graph.params())
     if result.diff is not None:
         params.update(result.diff.params())
+    if result.feeds is not None and result.feeds.nonfinite:  # NaN at the same place on both sides counts as equal
+        params["feeds.nonfinite"] = str(result.feeds.nonfinite)
     params.update(result.attempt.params)
     return params
 

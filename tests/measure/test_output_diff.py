@@ -88,8 +88,7 @@ def test_mismatched_output_counts_raise_value_error_naming_both_counts(logits, n
     ("baseline", "attempt", "mismatches"),
     [
         pytest.param([1.0, 2.0, 3.0], [1.0, np.nan, 3.0], 1, id="nan-in-the-attempt"),
-        pytest.param([1.0, np.nan, 3.0], [1.0, np.nan, 3.0], 1, id="nan-in-both-at-the-same-place"),
-        pytest.param([np.nan, np.nan, 3.0], [np.nan, np.nan, 3.0], 2, id="two-nans-in-both"),
+        pytest.param([np.nan, 2.0, 3.0], [1.0, np.nan, 3.0], 2, id="nans-at-different-places"),
         pytest.param([1.0, 2.0, np.nan], [1.0, 2.0, 3.0], 1, id="nan-in-the-baseline"),
         pytest.param([1.0, np.inf, 3.0], [1.0, 2.0, 3.0], 1, id="inf-vs-finite"),
         pytest.param([1.0, np.inf, 3.0], [1.0, -np.inf, 3.0], 1, id="opposite-infinities"),
@@ -97,7 +96,7 @@ def test_mismatched_output_counts_raise_value_error_naming_both_counts(logits, n
     ],
 )
 @pytest.mark.parametrize("tolerance", [EXACT, FP32, INT8], ids=lambda t: t.name)
-def test_nan_or_unmatched_infinity_is_never_called_equal(baseline, attempt, mismatches, tolerance):
+def test_nan_or_infinity_on_one_side_only_is_never_called_equal(baseline, attempt, mismatches, tolerance):
     diff = compare_outputs([np.array(baseline, np.float32)], [np.array(attempt, np.float32)], tolerance)
     assert diff.passed is False
     assert diff.nonfinite_mismatches == mismatches
@@ -154,7 +153,8 @@ def test_string_outputs_compare_by_equality():
     assert diff.passed is False
 
 
-@pytest.mark.parametrize("error", [1e-6, 1.0, 10.0, 1e6, 3e38], ids=["tiny", "one", "ten", "million", "near-float32-max"])
+@pytest.mark.parametrize("error", [1e-6, 1.0, 10.0, 1e6, 3e38],
+                         ids=["tiny", "one", "ten", "million", "near-float32-max"])
 def test_max_rel_is_finite_when_the_baseline_has_zeros(error):
     baseline = np.array([0.0, 0.0, 2.0], np.float32)
     attempt = np.array([error, 0.0, 2.0], np.float32)

@@ -25,6 +25,7 @@ from tracker.measure.memory import rss_growth
 from tracker.measure.model_io import load_model, ort_can_load
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import FP32, OutputDiff
+from tracker.measure.output_values import output_nbytes
 from tracker.measure.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.runtime import get_runtime
 from tracker.measure.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
@@ -244,6 +245,9 @@ def measure_attempt(
     result = AttemptResult(attempt=attempt, graph=graph_stats(model, size_bytes=attempt.size_bytes(model)))
     result.ort_loadable = ort_can_load(model)
     result.feeds = describe_feeds(feeds)
+    if baseline_outputs is None and result.feeds.nonfinite:  # once, on the baseline: its attempts share the feeds
+        logger.warning("attempt %s: its feeds hold %s; where an attempt's outputs and the baseline's are both NaN, "
+                       "or the same infinity, they count as equal", attempt.name, result.feeds.nonfinite_text())
     steps = result.steps
     logger.info("attempt %s: timing (%s)", attempt.name, attempt.runtime)
     warm_up(attempt.runtime)
@@ -253,7 +257,7 @@ def measure_attempt(
         with steps.step("latency"):
             result.outputs, result.first_run_ms = time_once(lambda: run(feeds))
     # The outputs are the tracker's (kept for the diff), not the session's.
-    result.session_bytes = growth.bytes - sum(int(getattr(o, "nbytes", 0)) for o in result.outputs)
+    result.session_bytes = growth.bytes - sum(output_nbytes(o) for o in result.outputs)
     with steps.step("latency"):
         result.latency = _undisturbed(result, "latency", lambda: time_runs(lambda: run(feeds), config.timing))
         for label, extra in latency_feeds.items():
@@ -286,6 +290,9 @@ def measure_attempt(
     result.traces = runtime.trace(attempt, model, feeds, config.trace_levels)
     if baseline_outputs is not None:
         result.diff = attempt.tolerance.compare(baseline_outputs, result.outputs)
+        if result.diff.nonfinite_mismatches:
+            logger.warning("attempt %s: %d output values are NaN or infinite where the baseline's are not (or the "
+                           "reverse); its accuracy check fails", attempt.name, result.diff.nonfinite_mismatches)
     if evaluate is not None:
         result.extra_metrics.update({k: float(v) for k, v in evaluate(result.outputs).items()})
     return result

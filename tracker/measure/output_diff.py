@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from tracker.measure.output_values import paired_parts
 
 
 @dataclass(frozen=True)
@@ -20,7 +23,7 @@ class Tolerance:
         if self.rtol < 0 or self.atol < 0:
             raise ValueError(f"tolerances must be >= 0, got rtol={self.rtol}, atol={self.atol}")
 
-    def compare(self, baseline: Sequence[np.ndarray], attempt: Sequence[np.ndarray]) -> OutputDiff:
+    def compare(self, baseline: Sequence[Any], attempt: Sequence[Any]) -> OutputDiff:
         """`compare_outputs` with these tolerances."""
         return compare_outputs(baseline, attempt, self)
 
@@ -45,7 +48,7 @@ class OutputDiff:
     max_abs: float
     max_rel: float
     mean_abs: float
-    nonfinite_mismatches: int  # positions where NaN/Inf differ (NaN never equals NaN)
+    nonfinite_mismatches: int  # positions NaN or infinite on one side only (or different infinities)
     passed: bool
     tolerance: Tolerance
 
@@ -67,9 +70,12 @@ class OutputDiff:
 
 
 def compare_outputs(
-    baseline: Sequence[np.ndarray], attempt: Sequence[np.ndarray], tolerance: Tolerance
+    baseline: Sequence[Any], attempt: Sequence[Any], tolerance: Tolerance
 ) -> OutputDiff:
-    """Compares outputs pairwise.
+    """Compares outputs pairwise: tensors, and sequences and maps part by part (`output_values.paired_parts`).
+
+    NaN on both sides at one position, or the same infinity, is equal: feeds that hold NaN (missing values) give
+    NaN in every variant of a graph. A NaN or infinity on one side only is a mismatch, and fails the check.
 
     Args:
         baseline: the baseline's outputs, in graph output order.
@@ -77,27 +83,22 @@ def compare_outputs(
         tolerance: `allclose` tolerances for `passed` (|a - b| <= atol + rtol * |b|).
 
     Raises:
-        ValueError: the number of outputs or a shape differs; such outputs cannot be compared.
+        ValueError: the number of outputs, a shape, a sequence's length or a map's class keys differ; such
+            outputs cannot be compared.
     """
-    if len(baseline) != len(attempt):
-        raise ValueError(f"baseline has {len(baseline)} outputs but the attempt has {len(attempt)}")
     max_abs = max_rel = abs_sum = 0.0
     count = nonfinite = 0
     passed = True
-    for i, (b, a) in enumerate(zip(baseline, attempt)):
-        b, a = np.asarray(b), np.asarray(a)
+    for bp, ap in paired_parts(baseline, attempt):
+        b, a = bp.values, ap.values
         if b.shape != a.shape:
-            raise ValueError(f"output {i}: baseline shape {b.shape} differs from attempt shape {a.shape}")
-        if b.dtype.kind not in "fiub" or a.dtype.kind not in "fiub":
-            equal = bool(np.array_equal(a, b))
-            passed &= equal
-            nonfinite += 0 if equal else int(np.sum(a != b))
+            raise ValueError(f"{bp.label}: baseline shape {b.shape} differs from attempt shape {a.shape}")
+        if b.dtype.kind not in "fiub" or a.dtype.kind not in "fiub":  # strings (labels): equal or not
+            passed &= bool(np.array_equal(a, b))
             continue
         b64, a64 = b.astype(np.float64), a.astype(np.float64)
         finite = np.isfinite(b64) & np.isfinite(a64)
-        # Same infinity on both sides is equal; any NaN, or finite vs non-finite, is a mismatch.
-        same_inf = np.isinf(b64) & (b64 == a64)
-        nonfinite += int(np.sum(~finite & ~same_inf))
+        nonfinite += int(np.sum(~finite & ~same_nonfinite(b64, a64)))
         err = np.abs(a64[finite] - b64[finite])
         if err.size:
             # A zero baseline makes the ratio huge; cap it at the largest float so the metric
@@ -109,7 +110,7 @@ def compare_outputs(
             max_rel = max(max_rel, float(rel.max()))
             abs_sum += float(err.sum())
             count += err.size
-        passed &= bool(np.allclose(a64, b64, rtol=tolerance.rtol, atol=tolerance.atol, equal_nan=False))
+        passed &= bool(np.allclose(a64, b64, rtol=tolerance.rtol, atol=tolerance.atol, equal_nan=True))
     return OutputDiff(
         max_abs=max_abs,
         max_rel=max_rel,
@@ -118,3 +119,8 @@ def compare_outputs(
         passed=passed and nonfinite == 0,
         tolerance=tolerance,
     )
+
+
+def same_nonfinite(baseline: np.ndarray, attempt: np.ndarray) -> np.ndarray:
+    """Where both sides hold NaN, or the same infinity: equal, though `==` says otherwise for NaN."""
+    return (np.isnan(baseline) & np.isnan(attempt)) | (np.isinf(baseline) & (baseline == attempt))

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from tracker.measure.lm_diff import LOGITS_TOLERANCES, LogitsDiff, LogitsTolerance
-from tracker.measure.output_diff import TOLERANCES, OutputDiff, Tolerance, compare_outputs
+from tracker.measure.output_diff import TOLERANCES, OutputDiff, Tolerance, compare_outputs, same_nonfinite
+from tracker.measure.output_values import paired_parts
 
 TASKS = ("raw", "regression", "classification", "embedding", "lm")
 
@@ -228,14 +229,15 @@ def compare_regression(
 
     The error is max |attempt - baseline| / max |baseline| per target rather than per element, because a
     prediction near zero makes |a - b| / |b| blow up while its error is as small as anywhere else. A target
-    whose baseline is all zero passes only when the attempt's is too. NaN or inf that differ fail the check.
+    whose baseline is all zero passes only when the attempt's is too. NaN or inf on one side only fail the check;
+    at the same place on both sides they are equal.
 
     Raises:
         ValueError: the outputs cannot be compared (count or shape differs) or none is floating point.
     """
     raw = _raw_diff(baseline, attempt, tolerance.name)
-    index = _first_float(baseline, "regression")
-    base, other = (_columns(np.asarray(o[index], dtype=np.float64)) for o in (baseline, attempt))
+    _, *values = _first_float(baseline, attempt, "regression")
+    base, other = (_columns(v.astype(np.float64)) for v in values)
     finite = np.isfinite(base) & np.isfinite(other)
     err = _finite_abs_diff(base, other, finite).max(axis=0, initial=0.0)
     scale = np.where(finite, np.abs(base), 0.0).max(axis=0, initial=0.0)
@@ -251,38 +253,40 @@ def compare_classification(
 ) -> ClassificationDiff:
     """Compares the predicted classes and the class probabilities of a classifier.
 
-    The scores are the first floating-point output of shape [..., C] with C >= 2 classes. Scores that are
-    not probabilities (outside [0, 1] or rows not summing to 1: logits, decision values) go through a softmax
-    first, so `max_prob_diff` is a probability difference either way. The predicted class is the label output
-    when there is one (an integer or string output of shape [...], skl2onnx's `label`), else the argmax of the
-    scores. skl2onnx classifiers must be converted with `options={id(clf): {"zipmap": False}}`: with zipmap the
-    probabilities are a sequence of maps, not a tensor. NaN or inf that differ fail the check.
+    The scores are the first floating-point output of shape [..., C] with C >= 2 classes: a tensor, or the
+    probabilities of a skl2onnx classifier converted with its defaults (ZipMap: a sequence of maps from class key
+    to probability), as a table with one column per class key in sorted order. Scores that are not probabilities
+    (outside [0, 1] or rows not summing to 1: logits, decision values) go through a softmax first, so
+    `max_prob_diff` is a probability difference either way. The predicted class is the label output when there is
+    one (an integer or string output of shape [...], skl2onnx's `label`), compared by agreement, else the argmax
+    of the scores. NaN or inf on one side only fail the check; a row identical on both sides, NaN included, agrees.
 
     Raises:
-        TypeError: an output is not a tensor (a sequence of maps: zipmap left on).
-        ValueError: the outputs cannot be compared, or none holds class scores.
+        ValueError: the outputs cannot be compared (count, shape, sequence length or class keys differ), or none
+            holds class scores.
     """
-    tensors = [[_tensor(o, i) for i, o in enumerate(side)] for side in (baseline, attempt)]
     raw = _raw_diff(baseline, attempt, tolerance.name)
-    scores_at = next((i for i, t in enumerate(tensors[0]) if t.dtype.kind == "f" and t.ndim >= 2 and t.shape[-1] >= 2),
+    pairs = [(b.values, a.values) for b, a in paired_parts(baseline, attempt)]
+    scores_at = next((i for i, (t, _) in enumerate(pairs) if t.dtype.kind == "f" and t.ndim >= 2 and t.shape[-1] >= 2),
                      None)
     if scores_at is None:
-        shapes = ", ".join(f"{t.dtype}{list(t.shape)}" for t in tensors[0])
+        shapes = ", ".join(f"{t.dtype}{list(t.shape)}" for t, _ in pairs)
         raise ValueError(f"task classification needs a floating-point output of class scores [..., C] with C >= 2; "
                          f"the outputs are {shapes or 'none'}")
-    base, other = (np.asarray(t[scores_at], dtype=np.float64) for t in tensors)
+    base, other = (np.asarray(t, dtype=np.float64) for t in pairs[scores_at])
     base, other = base.reshape(-1, base.shape[-1]), other.reshape(-1, other.shape[-1])
     if not _are_probabilities(base):
         base, other = _softmax(base), _softmax(other)
     finite = np.isfinite(base) & np.isfinite(other)
     max_prob_diff = float(_finite_abs_diff(base, other, finite).max(initial=0.0))
-    label_at = next((i for i, t in enumerate(tensors[0])
-                     if t.dtype.kind not in "fc" and t.shape == tensors[0][scores_at].shape[:-1]), None)
+    label_at = next((i for i, (t, _) in enumerate(pairs)
+                     if t.dtype.kind not in "fc" and t.shape == pairs[scores_at][0].shape[:-1]), None)
     if label_at is not None:
-        agree = tensors[0][label_at].reshape(-1) == tensors[1][label_at].reshape(-1)
-    else:  # a NaN row has no class, so it agrees with nothing
+        agree = pairs[label_at][0].reshape(-1) == pairs[label_at][1].reshape(-1)
+    else:  # a NaN row has no class: it agrees only with the same row, NaN for NaN
         nan_rows = np.isnan(base).any(axis=-1) | np.isnan(other).any(axis=-1)
-        agree = (base.argmax(axis=-1) == other.argmax(axis=-1)) & ~nan_rows
+        same_rows = np.all((base == other) | same_nonfinite(base, other), axis=-1)
+        agree = (base.argmax(axis=-1) == other.argmax(axis=-1)) & ~nan_rows | same_rows
     top1 = float(np.mean(agree)) if agree.size else 1.0
     passed = raw.nonfinite_mismatches == 0 and top1 >= tolerance.min_top1 and max_prob_diff <= tolerance.max_prob_diff
     return ClassificationDiff(raw, top1, max_prob_diff, bool(passed), tolerance)
@@ -297,16 +301,18 @@ def compare_embeddings(
     over axis 1 first, over every position: only outputs reach this check, not the attention mask, so padded
     positions count as much as the rest (feed unpadded batches, or export the pooled embedding first).
     A zero vector has cosine 1 with a zero vector and 0 with any other. A row holding NaN or inf has cosine 1
-    when it is identical in both (same infinities, no NaN) and -1 otherwise, so a broken row is never hidden.
+    when it is identical in both (same infinities, NaN at the same places) and -1 otherwise, so a broken row is
+    never hidden.
 
     Raises:
         ValueError: the outputs cannot be compared, or the first floating-point one is not 1-, 2- or 3-D.
     """
     raw = _raw_diff(baseline, attempt, tolerance.name)
-    index = _first_float(baseline, "embedding")
-    base, other = (_pooled(np.asarray(o[index], dtype=np.float64), index) for o in (baseline, attempt))
+    label, *values = _first_float(baseline, attempt, "embedding")
+    base, other = (_pooled(v.astype(np.float64), label) for v in values)
     finite = np.isfinite(base).all(axis=-1) & np.isfinite(other).all(axis=-1)
-    cosine = np.where(np.all(base == other, axis=-1), 1.0, -1.0)  # the non-finite rows'
+    # the non-finite rows': 1 where both sides hold the same values, NaN at the same places included
+    cosine = np.where(np.all((base == other) | same_nonfinite(base, other), axis=-1), 1.0, -1.0)
     b, o = base[finite], other[finite]
     # Scaled by each row's largest |value| first, so that squaring cannot overflow to inf.
     scale = np.maximum(np.abs(b).max(axis=-1, initial=0.0), np.abs(o).max(axis=-1, initial=0.0))[:, None]
@@ -328,22 +334,12 @@ def _raw_diff(baseline: Sequence[Any], attempt: Sequence[Any], name: str) -> Out
     return compare_outputs(baseline, attempt, Tolerance(name, rtol=0.0, atol=0.0))
 
 
-def _tensor(output: Any, index: int) -> np.ndarray:
-    array = np.asarray(output)
-    if array.dtype == object and not all(isinstance(v, str) for v in array.flat):
-        kinds = sorted({type(v).__name__ for v in array.flat})
-        raise TypeError(
-            f"output {index} is a sequence of {', '.join(kinds)}, not a tensor; a skl2onnx classifier with "
-            f"zipmap on returns its probabilities as maps: convert it with options={{id(clf): {{'zipmap': False}}}}"
-        )
-    return array
-
-
-def _first_float(outputs: Sequence[Any], task: str) -> int:
-    for i, output in enumerate(outputs):
-        if np.asarray(output).dtype.kind == "f":
-            return i
-    raise ValueError(f"task {task} needs a floating-point output; got {len(outputs)} outputs, none floating point")
+def _first_float(baseline: Sequence[Any], attempt: Sequence[Any], task: str) -> tuple[str, np.ndarray, np.ndarray]:
+    """The first floating-point output (or element of a sequence) of each side, and where it is ("output 0")."""
+    for b, a in paired_parts(baseline, attempt):
+        if b.values.dtype.kind == "f":
+            return b.label, b.values, a.values
+    raise ValueError(f"task {task} needs a floating-point output; got {len(baseline)} outputs, none floating point")
 
 
 def _finite_abs_diff(base: np.ndarray, other: np.ndarray, finite: np.ndarray) -> np.ndarray:
@@ -358,14 +354,14 @@ def _columns(x: np.ndarray) -> np.ndarray:
     return x.reshape(-1, x.shape[-1]) if x.ndim >= 2 else x.reshape(-1, 1)
 
 
-def _pooled(x: np.ndarray, index: int) -> np.ndarray:
+def _pooled(x: np.ndarray, label: str) -> np.ndarray:
     if x.ndim == 3:
         with np.errstate(invalid="ignore"):  # inf - inf: a NaN row, which the check counts as a mismatch
             return x.mean(axis=1)
     if x.ndim in (1, 2):
         return x.reshape(-1, x.shape[-1])
     raise ValueError(f"task embedding compares vectors [hidden], [batch, hidden] or tokens [batch, seq, hidden]; "
-                     f"output {index} has shape {list(x.shape)}")
+                     f"{label} has shape {list(x.shape)}")
 
 
 def _are_probabilities(scores: np.ndarray) -> bool:
