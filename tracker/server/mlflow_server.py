@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from tracker.server.common import HOST, LocalServerError, free_port, health_ok
 from tracker.server.postgres import LocalPostgres
 
@@ -70,12 +72,32 @@ class LocalMlflowServer:
             if self._proc.poll() is not None:
                 raise LocalServerError(f"mlflow server exited ({self._proc.returncode}):\n{self._log_tail()}")
             if health_ok(self.uri):
+                if not self._listens():
+                    self.kill()
+                    raise LocalServerError(f"port {self.port} on {HOST} is already in use (by another service)")
                 logger.info("MLflow server at %s (log %s)", self.uri, self.log_path)
                 return
             time.sleep(0.25)
         self.kill()
         raise LocalServerError(f"mlflow server did not answer {self.uri}/health within {timeout_s:.0f} s:\n"
                                f"{self._log_tail()}")
+
+    def _listens(self) -> bool:
+        """Whether the server started (its process or uvicorn's, a child) listens on the port: that whoever
+        answers /health there is this server, not another service that holds the port."""
+        try:
+            root = psutil.Process(self._proc.pid)
+            processes = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return False
+        for process in processes:
+            try:
+                sockets = process.net_connections(kind="tcp")
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if any(s.status == psutil.CONN_LISTEN and s.laddr.port == self.port for s in sockets):
+                return True
+        return False
 
     def _log_tail(self, lines: int = 25) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
