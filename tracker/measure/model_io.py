@@ -47,20 +47,41 @@ def load_model(path: str | Path, *, load_external_data: bool = True, check: bool
 
 
 def check_external_data(model: onnx.ModelProto, path: str | Path) -> None:
-    """Raises `ModelError` naming each external data file of `model` (saved at `path`) that is missing."""
+    """Checks, without reading them, that the external data files of `model` (saved at `path`) hold its tensors.
+
+    Raises:
+        ModelError: naming each file that is missing, and each tensor whose bytes would lie past the end of its
+            file (a file cut short, or another model's), or whose record is malformed.
+    """
     folder = Path(path).parent
     missing: dict[str, list[str]] = {}
+    past_end = []
     for tensor in _get_all_tensors(model):
-        if uses_external_data(tensor):
-            location = ExternalDataInfo(tensor).location
-            if not (folder / location).is_file():
-                missing.setdefault(str(folder / location), []).append(tensor.name)
+        if not uses_external_data(tensor):
+            continue
+        try:
+            info = ExternalDataInfo(tensor)
+        except ValueError as e:  # an offset or length that is not an integer >= 0
+            raise ModelError(f"{str(path)!r} records malformed external data for tensor {tensor.name!r}: {e}") from e
+        file = folder / info.location
+        if not file.is_file():
+            missing.setdefault(str(file), []).append(tensor.name)
+            continue
+        size, offset = file.stat().st_size, info.offset or 0
+        if offset + (info.length or 0) > size:
+            length = "" if info.length is None else f", length {info.length}"
+            past_end.append(f"tensor {tensor.name!r} past the end of {str(file)!r} (offset {offset}{length}, a file "
+                            f"of {size} bytes)")
     if missing:
         files = "; ".join(f"{file!r} (tensors {', '.join(names)})" for file, names in missing.items())
         raise ModelError(
             f"{str(path)!r} keeps weights in external data that is missing: {files}; expected each file "
             "next to the model, under the name the model records (keep the files together when copying)"
         )
+    if past_end:
+        shown = "; ".join(past_end[:3]) + (f"; and {len(past_end) - 3} more" if len(past_end) > 3 else "")
+        raise ModelError(f"{str(path)!r} keeps {shown}; expected the data files saved with the model, whole (a file "
+                         "cut short, or another model's, does not hold its tensors)")
 
 
 def _parse(path: Path) -> onnx.ModelProto:
