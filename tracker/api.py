@@ -9,7 +9,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,14 +29,14 @@ from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
 from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo, get_entry
-from tracker.record import AttemptRecord, save_record, save_summary
+from tracker.record import AttemptRecord, check_outbox, outbox_root, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
 from tracker.report.scenarios import scenario_bests, scenario_tags
 from tracker.report.search import build_search_report
 from tracker.report.study import build_study_report
 from tracker.search import SearchConfig, SearchResult, run_search
-from tracker.store import connect, write
-from tracker.termination import Terminated, sigterm_as_exit
+from tracker.store import connect, faults, write
+from tracker.termination import Terminated, received, reraise_if_received, sigterm_as_exit
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class Study:
 
     def __enter__(self) -> Study:
         connect.setup_tracking(self.tracking_uri)
+        check_outbox()  # a place for what the store may not take, before any work
         # SIGTERM (`timeout`, a CI cancel) unwinds like Ctrl-C: runs end FAILED, the work folder goes.
         self._sigterm = sigterm_as_exit()
         self._sigterm.__enter__()
@@ -187,6 +188,7 @@ class Study:
                 candidate = found(source_path, self._workdir / name / "optimized", context, graph=graph)
                 seconds = time.perf_counter() - start
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
+            reraise_if_received(e)
             self.record_failure(name, e, runtime=runtime, tags={**lineage_tags(found), **(tags or {})})
             return None
         # A session entry measures its source as given (in memory or not), with other settings.
@@ -391,6 +393,7 @@ def log_attempt(
         log_model: log the model with the onnx flavor.
         **kwargs: other `Attempt` fields (runtime, session, tolerance, ...).
     """
+    check_outbox()
     if not write.has_active_run():
         connect.setup_tracking(tracking_uri)
         if experiment:
@@ -462,12 +465,16 @@ def run_attempt(
         run_content.fill_record(record, result, artifacts, config, baseline, workdir, log_model=log_model)
     except Exception as e:
         result.error = _mark_failed(record, e)
+        if received():  # SIGTERM in disguise (an ImportError from a cut import): the attempt was interrupted
+            record.error = f"interrupted (SIGTERM) while measuring; it surfaced as {result.error}"
+            interrupted = Terminated()
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C or SIGTERM mid-attempt: the cut attempt is a FAILED run
         result.error = _mark_failed(record, e)
         record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
         interrupted = e
     record.tags.update(tags or {})
-    result.run_id, result.outbox = _log_or_keep(record, steps=result.steps)
+    logged = _log_or_keep(record, steps=result.steps)
+    result.run_id, result.outbox, result.refused = logged.run_id, logged.outbox, logged.refused
     if interrupted is not None:  # logged like any attempt; the study then unwinds
         raise interrupted
     # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
@@ -513,8 +520,13 @@ def _mark_failed(record: AttemptRecord, error: BaseException) -> str:
     return record.error
 
 
-def _log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> tuple[str | None, Path | None]:
-    """Logs a record as a run, else keeps it in the outbox; (run id, None) or (None, outbox folder)."""
+def _log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> _Logged:
+    """Logs a record as a run; what an outage stops (or the store refuses whole) is kept in the outbox.
+
+    A part of the run MLflow refuses for its content is left out, and named on the run (`write.log_record`).
+    A run refused whole (`faults.is_outage` says the store answers) is kept too, with the reason in `refused`:
+    uploading it later fails the same way until what MLflow refused is fixed.
+    """
     # When the run starts, or would have: a run uploaded later starts then too, in its study's order.
     record.start_time_ms = int(time.time() * 1000)
     try:
@@ -522,12 +534,37 @@ def _log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> tu
         with write.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
             record.run_id = run.info.run_id
             write.log_record(record, steps=steps)
-        return record.run_id, None
+        return _Logged(run_id=record.run_id)
     except Exception as e:
-        outbox = save_record(record)
-        logger.error(
-            "could not log attempt %s (%s: %s); its results are kept in %s; upload them with "
-            "`tracker upload %s` once the tracking server is back",
-            record.attempt, type(e).__name__, e, outbox, outbox,
-        )
-        return None, outbox
+        outage = faults.is_outage(e)
+        outbox = _keep(record)
+        if outage:
+            logger.error("could not log attempt %s (%s: %s); its results are kept in %s; upload them with "
+                         "`tracker upload %s` once the tracking server is back",
+                         record.attempt, type(e).__name__, e, outbox, outbox)
+            return _Logged(outbox=outbox)
+        reason = faults.describe(e)
+        logger.error("the tracking store refused the run of attempt %s (%s); this is not an outage: its results "
+                     "are kept in %s", record.attempt, reason, outbox)
+        return _Logged(outbox=outbox, refused=reason)
+
+
+@dataclass(frozen=True)
+class _Logged:
+    """Where a record went: a run, or the outbox (with the reason when the store refused it)."""
+
+    run_id: str | None = None
+    outbox: Path | None = None
+    refused: str | None = None
+
+
+def _keep(record: AttemptRecord) -> Path:
+    """Saves a record in the outbox; where that fails (a full disk, a folder that went), in a new temporary
+    folder: a measurement is never lost for want of a place."""
+    try:
+        return save_record(record)
+    except OSError as e:
+        fallback = save_record(record, Path(tempfile.mkdtemp(prefix="tracker-outbox-")))
+        logger.error("could not keep attempt %s in the outbox %s (%s: %s); it is kept in %s instead",
+                     record.attempt, outbox_root(), type(e).__name__, e, fallback.parent.parent)
+        return fallback

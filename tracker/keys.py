@@ -38,6 +38,7 @@ TAG_WEIGHTS = "tracker.weights"  # where a GPT-2 study's weights came from (rand
 TAG_MODEL_FORMAT = "tracker.model_format"  # set when the model is a plain artifact, not the onnx flavor
 TAG_UPLOADED_FROM = "tracker.uploaded_from"  # the outbox folder an uploaded attempt run came from
 TAG_UPLOADED_LATER = "tracker.uploaded_later"  # a study run `tracker upload` finished
+TAG_NOT_LOGGED = "tracker.not_logged"  # parts of a run MLflow refused for their content, and why
 TAG_SUPERSEDED_BY = "tracker.superseded_by"  # a run replaced by its upload: `tracker compare` skips it
 
 # Values of the `tracker.role` tag.

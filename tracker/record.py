@@ -13,7 +13,7 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from tracker.errors import ModelError, RecordError
+from tracker.errors import ModelError, RecordError, TrackerError
 from tracker.measure.feeds_description import FeedsDescription
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
@@ -69,8 +69,31 @@ def outbox_root() -> Path:
     return Path(os.environ.get(OUTBOX_ENV) or Path.cwd() / "tracker-outbox").resolve()
 
 
+def check_outbox(root: Path | None = None) -> Path:
+    """The outbox folder (default `outbox_root()`), checked before any work: it is a folder, or can be made.
+
+    Raises:
+        TrackerError: it names a file, or lies under one, or in a folder that cannot be written.
+    """
+    root = root or outbox_root()
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if not existing.is_dir():
+        where = "" if existing == root else f" ({existing} is a file)"
+        raise TrackerError(f"the outbox {root} is not a folder{where}; expected a folder, made if missing, to keep "
+                           f"records the tracking store does not take: fix ${OUTBOX_ENV}, or unset it to use "
+                           "./tracker-outbox")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise TrackerError(f"the outbox {root} cannot be written ({existing} is not writable); fix ${OUTBOX_ENV}, "
+                           "or unset it to use ./tracker-outbox")
+    return root
+
+
 def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
-    """Copies a record and its files into a new folder of the outbox; returns that folder."""
+    """Copies a record and its files into a new folder of the outbox; returns that folder.
+
+    `record.json` is written last and whole (renamed into place), so an upload running meanwhile sees either
+    no record in the folder, or all of it.
+    """
     root = root or outbox_root()
     parent = _SAFE.sub("_", f"{record.study or 'attempts'}-{record.parent_run_id or 'no-parent'}")
     folder = root / parent / _SAFE.sub("_", record.attempt)
@@ -99,7 +122,9 @@ def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
         shutil.copyfile(record.model_path, target)
         _copy_external_data(Path(record.model_path), target.parent)
         saved.model_path = str(target.relative_to(folder))
-    (folder / RECORD_FILE).write_text(json.dumps(asdict(saved), indent=1, sort_keys=True))
+    partial = folder / f".{RECORD_FILE}.partial"
+    partial.write_text(json.dumps(asdict(saved), indent=1, sort_keys=True))
+    partial.rename(folder / RECORD_FILE)
     return folder
 
 

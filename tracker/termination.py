@@ -5,6 +5,12 @@ stay RUNNING forever and temporary folders stay behind. Inside `sigterm_as_exit(
 `Terminated` (a `SystemExit` with code 143) instead, which unwinds like Ctrl-C's KeyboardInterrupt:
 runs are ended FAILED, work folders removed, and the process exits 143 without a traceback.
 
+SIGTERM is never lost. Python runs the handler between any two bytecodes, and where that is inside a
+weakref callback or a `__del__` (SQLAlchemy's pool has both) the exception is printed as "Exception
+ignored" and dropped, or a C extension's import turns it into an ImportError. So the handler also notes
+that the signal came (`received()`): the block of `sigterm_as_exit()` raises `Terminated` when it ends
+normally after one, and code that catches errors wholesale asks `received()` before calling one a failure.
+
 A write to the tracking store is never cut in half: inside `deferred()` (every function of
 `tracker.store.write` that writes) SIGTERM waits until the write is done. Interrupted inside a SQLAlchemy
 transaction, a sqlite store stays locked, and the runs could not be ended at all.
@@ -38,10 +44,24 @@ class Terminated(SystemExit):
 
 _deferring = 0  # depth of `deferred()` blocks in the main thread
 _pending = False  # SIGTERM arrived inside one
+_received = False  # SIGTERM arrived since `sigterm_as_exit()` or `handle_sigterm()` began
+
+
+def received() -> bool:
+    """Whether SIGTERM arrived: then an error raised meanwhile may be the signal in disguise."""
+    return _received
+
+
+def reraise_if_received(error: BaseException) -> None:
+    """For an `except Exception` that would carry on: raises `Terminated` (from `error`) if SIGTERM arrived,
+    since `error` may be the signal in disguise (an ImportError from a cut import, say)."""
+    if _received:
+        raise Terminated() from error
 
 
 def _raise_terminated(signum, frame) -> None:
-    global _pending
+    global _pending, _received
+    _received = True
     if _deferring:
         _pending = True
         logger.warning("SIGTERM received: stopping once the current write to the tracking store is done")
@@ -89,9 +109,15 @@ def sigterm_as_exit() -> Iterator[None]:
     ):
         yield
         return
+    global _received
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous is not _raise_terminated:  # the outermost block: a signal before it is not this one's
+        _received = False
     try:
         yield
+        if _received:  # it was raised where it got swallowed (see the module docstring): still end
+            logger.warning("SIGTERM received, and its exception was swallowed on the way: ending now")
+            raise Terminated()
     finally:
         signal.signal(signal.SIGTERM, previous)
 

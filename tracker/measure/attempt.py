@@ -185,6 +185,7 @@ class AttemptResult:
     error: str | None = None
     run_id: str | None = None
     outbox: Path | None = None  # where the record was kept when it could not be logged
+    refused: str | None = None  # why the tracking store refused the run (not an outage), when it did
 
     @property
     def ok(self) -> bool:

@@ -39,6 +39,7 @@ from tracker.search.budget import Budget
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, check_accuracy, screen_speed
 from tracker.search.sensitivity import Sensitivity, fallback
 from tracker.search.space import by_family, candidates, interleave
+from tracker.termination import reraise_if_received
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +242,7 @@ class _Search:
                 check = check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance,
                                        session=self.session)
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
+            reraise_if_received(e)
             row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
             logger.warning("search: %s failed: %s", entry.name, row.reason)
             return row
@@ -262,6 +264,7 @@ class _Search:
             with self.budget.timing(kind):
                 found = screen_speed(candidate, self.baseline, self.feeds, session=self.session, config=config)
         except Exception as e:  # noqa: BLE001
+            reraise_if_received(e)
             row.status, row.reason = "failed", f"speed screen: {type(e).__name__}: {e}"[:300]
             return
         row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high

@@ -123,10 +123,14 @@ def _open_store(uri: str) -> None:
     except TrackerError:
         raise
     except Exception as e:  # whatever the store's library raises: a missing driver, a bad path, a refused login
+        if os.environ.get("MLFLOW_TRACKING_URI", "").strip():
+            fix = "fix MLFLOW_TRACKING_URI, or unset it to use ./mlflow.db"
+        else:
+            fix = "it is the default store ./mlflow.db (MLFLOW_TRACKING_URI is not set)"
         raise TrackingServerError(
             f"cannot open the MLflow tracking store {redact_uri(uri)} ({type(e).__name__}: "
-            f"{redact_text(str(e)).strip().splitlines()[0] if str(e).strip() else 'no detail'}); fix "
-            "MLFLOW_TRACKING_URI, or unset it to use ./mlflow.db"
+            f"{redact_text(str(e)).strip().splitlines()[0] if str(e).strip() else 'no detail'}); "
+            f"{_half_built_hint(uri, e) or fix}"
         ) from None
 
 
@@ -170,4 +174,42 @@ def _create_sqlite_tables(uri: str) -> None:
         ) from None
     with os.fdopen(fd, "r+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        mlflow.MlflowClient(uri).search_experiments(max_results=1)  # builds the store: tables, migrations
+        if db.exists() and db.stat().st_size > 0:
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # an existing store: migrations, if any
+            return
+        _build_sqlite_store(db)
+
+
+def _build_sqlite_store(db: Path) -> None:
+    """Builds a new sqlite store (MLflow's tables and migrations, seconds) in a file beside `db`, then renames
+    it into place: Ctrl-C or a kill while it is built leaves no `db`, never a half-built one."""
+    building = db.with_name(f".{db.name}.building")
+    building.unlink(missing_ok=True)  # left by a build that was cut off
+    try:
+        client = mlflow.MlflowClient(f"sqlite:///{building}")
+        client.search_experiments(max_results=1)
+        with contextlib.suppress(Exception):  # MLflow keeps the store of each URI: let go of the file
+            client._tracking_client.store.engine.dispose()
+        building.replace(db)
+    finally:
+        building.unlink(missing_ok=True)
+
+
+def _half_built_hint(uri: str, error: Exception) -> str | None:
+    """What to do with a sqlite store whose creation an older tracker (or MLflow itself) left half done: its
+    tables exist in part, it holds no runs, and every open fails with "table ... already exists"."""
+    import sqlite3
+
+    if not uri.startswith("sqlite:///") or "already exists" not in str(error):
+        return None
+    db = Path(uri[len("sqlite:///"):].split("?")[0])
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as connection:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            runs = connection.execute("SELECT COUNT(*) FROM runs").fetchone()[0] if "runs" in tables else 0
+    except sqlite3.Error:
+        return None
+    if runs:
+        return None
+    return (f"the sqlite store {db} is half-built (its creation was cut off; it holds no runs): remove it, and the "
+            "next command builds it again")

@@ -27,6 +27,7 @@ from tracker.keys import (
     ROLE_ATTEMPT,
     ROLE_STUDY,
     STATUS_FAILED,
+    TAG_NOT_LOGGED,
     TAG_ATTEMPT,
     TAG_BEST,
     TAG_ERROR,
@@ -47,6 +48,7 @@ from tracker.measure.steps import StepTimes
 from tracker.profile import columns as C
 from tracker.record import AttemptRecord
 from tracker.redaction import redact_uri, without_credentials
+from tracker.store import faults
 from tracker.store.connect import ensure_reachable
 from tracker.termination import deferred, defers_sigterm
 
@@ -177,35 +179,106 @@ def log_failure(error: BaseException | str, traceback_text: str | None = None) -
 
 
 @defers_sigterm
-def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> None:
-    """Logs everything an attempt record holds on the active run (timed into `steps` if given)."""
+def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> dict[str, str]:
+    """Logs everything an attempt record holds on the active run (timed into `steps` if given).
+
+    Each part (params, metrics, tags, artifacts, tables, files, dataset, model) is logged on its own: a part
+    MLflow refuses for its content (`faults.is_outage` says it is not an outage) is left out and named in the
+    run's `tracker.not_logged` tag, and the rest is logged. A model whose signature or flavor is refused is
+    logged without the signature, else as a plain file. Returns what was left out, part -> why.
+
+    Raises:
+        Exception: whatever an outage raised (the caller keeps the record in the outbox).
+    """
     steps = steps or StepTimes()
+    left_out: dict[str, str] = {}
     with steps.step("mlflow_logging"):
-        _log_record_data(record)
+        for part, log in _record_parts(record):
+            _log_part(part, log, left_out)
     if record.model_path:
         with steps.step("model_logging"):
-            _log_model_file(Path(record.model_path), flavor=record.model_flavor, study=record.study,
-                            attempt=record.attempt)
+            _log_model(record, left_out)
+    if left_out:
+        note = "; ".join(f"{part}: {why}" for part, why in left_out.items())
+        logger.warning("attempt %s: MLflow refused part of its run, logged without it: %s", record.attempt, note)
+        _log_part("note", lambda: mlflow.set_tag(TAG_NOT_LOGGED, note[:_MAX_TAG_CHARS]), {})
     if record.status == "FAILED":
         log_failure(record.error or "failed", record.traceback)
+    return left_out
 
 
-def _log_record_data(record: AttemptRecord) -> None:
+def _log_part(part: str, log, left_out: dict[str, str]) -> bool:
+    """Runs `log()`; a refusal of its content goes into `left_out[part]`, an outage propagates."""
+    try:
+        log()
+    except Exception as e:
+        if faults.is_outage(e):
+            raise
+        left_out[part] = faults.describe(e)
+        return False
+    return True
+
+
+def _record_parts(record: AttemptRecord):
+    """(part name, function logging it) for each part of `record` but its model."""
     if record.params:
-        mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
+        yield "params", lambda: mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
     if record.metrics:
-        mlflow.log_metrics(_clean_metrics(record.metrics))
+        yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(record.metrics))
     if record.tags:
-        mlflow.set_tags(record.tags)
+        yield "tags", lambda: mlflow.set_tags({k: str(v)[:_MAX_TAG_CHARS] for k, v in record.tags.items()})
     if record.artifact_dir:
-        mlflow.log_artifacts(record.artifact_dir)
+        yield "artifacts", lambda: mlflow.log_artifacts(record.artifact_dir)
         for name in record.tables:
-            table = pd.read_csv(Path(record.artifact_dir) / "tables" / f"{name}.csv", dtype={C.KEY: str})
-            mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
+            yield f"table {name}", lambda name=name: _log_table_file(Path(record.artifact_dir), name)
     for path, folder in record.files.items():
-        mlflow.log_artifact(path, folder)
+        yield f"file {Path(path).name}", lambda path=path, folder=folder: mlflow.log_artifact(path, folder)
     if record.feeds is not None:
-        mlflow.log_input(_feeds_dataset(record), context="inference")
+        yield "dataset", lambda: mlflow.log_input(_feeds_dataset(record), context="inference")
+
+
+def _log_table_file(artifact_dir: Path, name: str) -> None:
+    table = pd.read_csv(artifact_dir / "tables" / f"{name}.csv", dtype={C.KEY: str})
+    mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
+
+
+def _log_model(record: AttemptRecord, left_out: dict[str, str]) -> None:
+    """The model with the onnx flavor and its signature; refused, without the signature; refused again (or
+    a custom-domain model), as a plain file."""
+    path = Path(record.model_path)
+    if record.model_flavor:
+        model = load_model(path, check=False)  # by content: a protobuf named .json too
+        signature, why_not = _signature(model)
+        if why_not:
+            left_out["model signature"] = why_not
+        elif _log_part("model signature", lambda: _log_flavor(model, record, signature), left_out):
+            return
+        if _log_part("onnx flavor", lambda: _log_flavor(model, record, None), left_out):
+            return
+    _log_plain_model(path, why="custom-domain op" if not record.model_flavor else "MLflow refused the onnx flavor")
+
+
+def _log_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) -> None:
+    # No input_example: it would make MLflow load and run the model once more.
+    tags = {TAG_ATTEMPT: record.attempt, **({TAG_STUDY: record.study} if record.study else {})}
+    mlflow.onnx.log_model(
+        onnx_model=model,
+        name=logged_model_name(record.study, record.attempt),
+        tags=tags,
+        signature=signature,
+        pip_requirements=_pip_requirements(),
+        onnx_execution_providers=["CPUExecutionProvider"],
+    )
+
+
+def _log_plain_model(path: Path, *, why: str) -> None:
+    """The onnx flavor's pyfunc would fail on an op ORT does not know: the model as a file, always
+    `model/model.onnx` (with its weights in it) whatever the attempt's file was called."""
+    with tempfile.TemporaryDirectory(prefix="tracker-model-") as tmp:
+        plain = Path(tmp) / "model.onnx"
+        onnx.save_model(load_model(path, check=False), str(plain))
+        mlflow.log_artifact(str(plain), "model")
+    mlflow.set_tag(TAG_MODEL_FORMAT, f"plain artifact ({why})")
 
 
 def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -251,34 +324,24 @@ def _feeds_dataset(record: AttemptRecord) -> _FeedsDataset:
                          schema=schema, profile=profile)
 
 
-def _log_model_file(path: Path, *, flavor: bool, study: str | None, attempt: str) -> None:
-    if flavor:
-        # No input_example: it would make MLflow load and run the model once more.
-        model = load_model(path, check=False)  # by content: a protobuf named .json too
-        tags = {TAG_ATTEMPT: attempt, **({TAG_STUDY: study} if study else {})}
-        mlflow.onnx.log_model(
-            onnx_model=model,
-            name=logged_model_name(study, attempt),
-            tags=tags,
-            signature=_signature(model),
-            pip_requirements=_pip_requirements(),
-            onnx_execution_providers=["CPUExecutionProvider"],
-        )
-    else:
-        # The onnx flavor's pyfunc would fail on an op ORT does not know: keep the model as a file,
-        # always `model/model.onnx` (with its weights in it) whatever the attempt's file was called.
-        with tempfile.TemporaryDirectory(prefix="tracker-model-") as tmp:
-            plain = Path(tmp) / "model.onnx"
-            onnx.save_model(load_model(path, check=False), str(plain))
-            mlflow.log_artifact(str(plain), "model")
-        mlflow.set_tag(TAG_MODEL_FORMAT, "plain artifact (custom-domain op)")
-
-
 def _signature(model: onnx.ModelProto):
-    """The model's tensor signature, symbolic dims as -1."""
+    """(the model's tensor signature, symbolic dims as -1; None) or (None, why it has none): MLflow's signature
+    describes tensors only, so a model with no inputs, or with a sequence or map (a skl2onnx classifier's
+    ZipMap), is logged without one."""
     from mlflow.models import ModelSignature
     from mlflow.types import Schema, TensorSpec
     from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    if not inputs:
+        return None, "the model has no inputs, and an MLflow signature needs at least one"
+    for side, values in (("input", inputs), ("output", model.graph.output)):
+        for v in values:
+            kind = v.type.WhichOneof("value")
+            if kind != "tensor_type" or v.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
+                return None, (f"{side} {v.name!r} is a {_value_kind(v.type)}, not a tensor; an MLflow signature "
+                              "describes tensors only")
 
     def specs(values) -> Schema:
         out = []
@@ -288,9 +351,18 @@ def _signature(model: onnx.ModelProto):
             out.append(TensorSpec(helper.tensor_dtype_to_np_dtype(t.elem_type), dims, v.name))
         return Schema(out)
 
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [v for v in model.graph.input if v.name not in initializers]
-    return ModelSignature(inputs=specs(inputs), outputs=specs(model.graph.output))
+    return ModelSignature(inputs=specs(inputs), outputs=specs(model.graph.output)), None
+
+
+def _value_kind(value_type: onnx.TypeProto) -> str:
+    """'sequence of map', 'map', 'optional', ... of an ONNX value type."""
+    kind = value_type.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"sequence of {_value_kind(value_type.sequence_type.elem_type)}"
+    if kind == "optional_type":
+        return f"optional {_value_kind(value_type.optional_type.elem_type)}"
+    return {"map_type": "map", "tensor_type": "tensor", "sparse_tensor_type": "sparse tensor"}.get(kind, "value of "
+                                                                                                    "unknown type")
 
 
 def _pip_requirements() -> list[str]:
@@ -300,12 +372,11 @@ def _pip_requirements() -> list[str]:
 
 
 @defers_sigterm
-def log_kept_record(record: AttemptRecord, *, source: Path) -> str:
-    """Logs a record the outbox kept (`tracker.store.upload`) as a new attempt run; returns the run's id.
+def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
+    """Creates the run of a record the outbox kept (`tracker.store.upload`), empty; returns its id.
 
     The run goes under its study run and into its experiment when they still exist, and it starts at
-    `record.start_time_ms` (when it would have started), so the study's attempts keep their order. A
-    run created for the record before the failure is marked FAILED and `tracker.superseded_by` the new one.
+    `record.start_time_ms` (when it would have started), so the study's attempts keep their order.
     """
     from mlflow.tracking.context.registry import resolve_tags
     from mlflow.tracking.fluent import _get_experiment_id
@@ -324,17 +395,44 @@ def log_kept_record(record: AttemptRecord, *, source: Path) -> str:
         experiment_id = client.get_run(record.parent_run_id).info.experiment_id  # a child lives with its parent
     run = client.create_run(experiment_id or _get_experiment_id(), start_time=record.start_time_ms,
                             tags=resolve_tags(tags), run_name=record.attempt)
-    mlflow.start_run(run_id=run.info.run_id, nested=mlflow.active_run() is not None)
+    return run.info.run_id
+
+
+@defers_sigterm
+def fill_kept_run(run_id: str, record: AttemptRecord) -> dict[str, str]:
+    """Logs a kept record on the run `create_kept_run` made, and ends it with the record's status; returns the
+    parts MLflow refused (`log_record`). A run created for the record before the failure that sent it to the
+    outbox is marked FAILED and `tracker.superseded_by` this one. On an error the run ends FAILED."""
+    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
     try:
-        log_record(record)
+        left_out = log_record(record)
     except BaseException:
         end_run_quietly("FAILED")
         raise
     mlflow.end_run(status=record.status)
-    if record.run_id and _run_exists(client, record.run_id):
-        client.set_tag(record.run_id, TAG_SUPERSEDED_BY, run.info.run_id)
+    client = mlflow.MlflowClient()
+    if record.run_id and record.run_id != run_id and _run_exists(client, record.run_id):
+        client.set_tag(record.run_id, TAG_SUPERSEDED_BY, run_id)
         client.set_terminated(record.run_id, status="FAILED")
-    return run.info.run_id
+    return left_out
+
+
+def kept_run_status(run_id: str) -> str | None:
+    """The status of a run an upload made (FINISHED, FAILED, RUNNING...), None when it is gone or deleted."""
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException as e:
+        if faults.is_outage(e):
+            raise
+        return None
+    return None if run.info.lifecycle_stage == "deleted" else run.info.status
+
+
+@defers_sigterm
+def discard_kept_run(run_id: str) -> None:
+    """Deletes the run an earlier, cut-off upload of a record made, so that each record has one run."""
+    if kept_run_status(run_id) is not None:
+        mlflow.MlflowClient().delete_run(run_id)
 
 
 @defers_sigterm

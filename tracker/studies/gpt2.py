@@ -23,6 +23,7 @@ from tracker.measure.roofline import Roofline
 from tracker.measure.steps import StepTimes
 from tracker.optimize import REGISTRY, Context, EntryError, ModelInfo, get_entry
 from tracker.store import connect
+from tracker.termination import reraise_if_received
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +217,7 @@ def _generation_attempt(
     except EntryError as e:  # it does not apply to the decode-ready model, or broke what the framework checks
         return {}, {"gen.error": f"on the decode-ready model: {e}"[:500]}, {}
     except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run
+        reraise_if_received(e)
         logger.warning("gpt2: the generation of %s failed: %s", name, e)
         return {}, {"gen.error": f"{type(e).__name__}: {e}"[:500]}, {}
     metrics = {**result.metrics(), **diff.metrics()}
