@@ -147,6 +147,9 @@ def detect_from_config(config_json: Path) -> Detection:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"config_json must be a readable Hugging Face config.json, got {path} ({e})") from e
+    except RecursionError as e:  # json recurses once per level of nesting
+        raise ValueError(f"config_json must be a readable Hugging Face config.json, got {path} (nested too deeply "
+                         "for Python's JSON reader; a config.json is a flat object of settings)") from e
     if not isinstance(config, dict):
         raise ValueError(f"config_json must hold a JSON object, got {type(config).__name__} in {path}")
     heads = next((config[k] for k in HEADS_KEYS if k in config), None)
@@ -156,6 +159,9 @@ def detect_from_config(config_json: Path) -> Detection:
                                         ("model_type", hf_type)) if value is None]
     if missing:
         return Detection(None, f"{path} has no {', '.join(missing)}", None)
+    if not isinstance(hf_type, str):
+        shown = repr(hf_type) if len(repr(hf_type)) <= 60 else f"{repr(hf_type)[:60]}..."
+        return Detection(None, f'{path}: model_type must be a string (e.g. "bert"), got {shown}', None)
     if hf_type not in ORT_MODEL_TYPES:
         return Detection(None, f"{path}: model_type {hf_type!r} has no onnxruntime.transformers optimizer type "
                          f"(known: {', '.join(sorted(ORT_MODEL_TYPES))})", None)
