@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tracker.api import Study
-from tracker.measure.attempt import MeasureConfig
+from tracker.measure.attempt import AttemptResult, MeasureConfig
 from tracker.measure.feed_files import load_feeds
 from tracker.measure.feeds import make_feeds
 from tracker.measure.model_io import check_ort_ops, load_model
@@ -171,7 +171,8 @@ def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
 def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan | None = None) -> Study:
     """Logs the baseline and every planned entry as nested runs of one study run.
 
-    An entry that raises is a FAILED run with the reason; the study goes on.
+    An entry that raises is a FAILED run with the reason; the study goes on. A baseline that fails ends the study:
+    no attempt could be judged against it (`study_failure` says so).
     """
     chosen = chosen or plan(config)
     tolerances = task_tolerances(config.task)
@@ -188,8 +189,12 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
         params["search.budget_s"] = "none" if config.budget_s is None else f"{config.budget_s:g}"
     with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
                params=params) as study:
-        study.attempt("baseline", Path(config.model), session=config.session, tolerance=tolerances["fp32"],
-                      description=f"{Path(config.model).name} as given")
+        baseline = study.attempt("baseline", Path(config.model), session=config.session,
+                                 tolerance=tolerances["fp32"], description=f"{Path(config.model).name} as given")
+        if not baseline.ok:
+            logger.error("study %s: the baseline failed, so no attempt can be judged against it; the %d planned "
+                         "attempt(s) are not run", study.name, len(chosen.run))
+            return study
         if config.search:
             entries = tuple(n for n in chosen.run if n in REGISTRY)
             study.search(Path(config.model), config=SearchConfig(budget_s=config.budget_s, entries=entries),
@@ -198,6 +203,26 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
         for name in chosen.run:
             study.optimize(name, Path(config.model), info=chosen.info, session=config.session, tolerance=tolerances)
     return study
+
+
+def study_failure(results: Sequence[AttemptResult], failures: Mapping[str, str]) -> str | None:
+    """Why a study of `run` gave nothing to judge, in one line, or None: its baseline failed, or every other
+    attempt did (`failures` are those that failed before they had a model to measure, as `Study.failures`)."""
+    baseline = next((r for r in results if r.attempt.name == "baseline"), None)
+    if baseline is not None and not baseline.ok:
+        return f"the baseline attempt failed ({_one_line(baseline.error)}); no attempt can be judged, so none was run"
+    errors = {r.attempt.name: r.error for r in results if r is not baseline} | dict(failures)
+    if errors and all(e is not None for e in errors.values()):
+        name, error = next(iter(errors.items()))
+        return (f"every attempt failed ({len(errors)} of {len(errors)}; {name}: {_one_line(error)}); see the status "
+                f"column above")
+    return None
+
+
+def _one_line(text: str, head: int = 150, tail: int = 250) -> str:
+    """`text` on one line; a long one keeps its start (the error's type) and its end (ORT's reason)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= head + tail else f"{text[:head]} ... {text[-tail:]}"
 
 
 def comparison(study: Study) -> Comparison:
