@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from tracker.errors import TrackerError
 from tracker.redaction import redact
-from tracker.termination import sigterm_as_exit
+from tracker.termination import EXIT_CODE, received, sigterm_as_exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -25,6 +25,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TrackerError, ValueError, ConnectionError) as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)
         return 2
+    except Exception:
+        if received():  # SIGTERM that surfaced as another error (e.g. an ImportError from a cut import)
+            print("terminated (SIGTERM): runs logged so far are kept; the run that was cut is FAILED", file=sys.stderr)
+            return EXIT_CODE
+        raise
     except KeyboardInterrupt:  # what was logged stays; open runs were ended FAILED on the way out
         print("interrupted (Ctrl-C): runs logged so far are kept; the run that was cut is FAILED", file=sys.stderr)
         return 130
@@ -223,11 +228,18 @@ def _upload(args: argparse.Namespace) -> int:
     uri = connect.setup_tracking()
     done = upload.upload_outbox(folder)
     print(f"uploaded {len(done.run_ids)} attempt run(s) to {redact_uri(uri)}: {', '.join(done.run_ids) or '-'}")
+    for path, run_id in done.uploaded.items():
+        left_out = done.left_out.get(path)
+        print(f"  {path}: run {run_id}" + (f" (without {'; '.join(f'{k}: {v}' for k, v in left_out.items())})"
+                                            if left_out else ""))
     for run_id in done.studies:
         print(f"study run {run_id}: summary and report logged, rebuilt from its attempt runs")
     for path, reason in done.refused.items():
         print(f"error: {reason}; not uploaded: it stays in {path}", file=sys.stderr)
-    return 2 if done.refused else 0
+    for path, reason in done.kept.items():
+        print(f"error: {path} not uploaded ({reason}); it stays in the outbox: run `tracker upload {folder}` again "
+              "once the tracking store answers", file=sys.stderr)
+    return 2 if done.refused or done.kept else 0
 
 
 def _add_feed_options(parser: argparse.ArgumentParser) -> None:
@@ -305,6 +317,10 @@ def _profile(args: argparse.Namespace) -> int:
                          session=session)
     if result.run_id is None:
         failed = f" (and the attempt failed: {result.error})" if not result.ok else ""
+        if result.refused:
+            print(f"error: the tracking store refused the run of attempt {name} ({result.refused}){failed}; it is "
+                  f"kept in {result.outbox}", file=sys.stderr)
+            return 2
         print(f"error: attempt {name} could not be logged{failed}; it is kept in {result.outbox}: send it "
               f"with `tracker upload {result.outbox}` once the tracking store answers", file=sys.stderr)
         return 2
