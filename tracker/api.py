@@ -27,7 +27,7 @@ from tracker.measure.roofline import Roofline
 from tracker.measure.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
-from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE
+from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo, get_entry
 from tracker.record import AttemptRecord, check_outbox, outbox_root, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
@@ -72,6 +72,8 @@ class Study:
         latency_feeds: Mapping[str, Mapping[str, np.ndarray]] | None = None,
     ) -> None:
         check_name("study", name)
+        if experiment:
+            check_experiment_name(experiment)
         self.name = name
         self.feeds = dict(feeds)
         self.latency_feeds = dict(latency_feeds or {})
@@ -100,13 +102,17 @@ class Study:
         # SIGTERM (`timeout`, a CI cancel) unwinds like Ctrl-C: runs end FAILED, the work folder goes.
         self._sigterm = sigterm_as_exit()
         self._sigterm.__enter__()
-        if self._workdir is None:
-            self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
-        with self.steps.step("machine"):
-            self.machine = _measure_machine()
-        params = {**self.config.params(), **(self.machine.params() if self.machine else {}), **self.params}
-        self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
-        self.run = self._run_cm.__enter__()
+        try:
+            if self._workdir is None:
+                self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
+            with self.steps.step("machine"):
+                self.machine = _measure_machine()
+            params = {**self.config.params(), **(self.machine.params() if self.machine else {}), **self.params}
+            self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
+            self.run = self._run_cm.__enter__()
+        except BaseException:  # `with` calls no __exit__ when __enter__ fails: undo what was set up here
+            self._release()
+            raise
         logger.info("study %s: run %s", self.name, self.run.info.run_id)
         return self
 
@@ -361,9 +367,13 @@ class Study:
         finally:
             self._run_cm.__exit__(exc_type, exc, tb)
             self._run_cm = None
-            if not self._workdir_given and self._workdir is not None:
-                shutil.rmtree(self._workdir, ignore_errors=True)
-            self._sigterm.__exit__(None, None, None)
+            self._release()
+
+    def _release(self) -> None:
+        """Removes the work folder the study made and restores SIGTERM's handler."""
+        if not self._workdir_given and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        self._sigterm.__exit__(None, None, None)
 
 
 def log_attempt(
@@ -393,6 +403,8 @@ def log_attempt(
         log_model: log the model with the onnx flavor.
         **kwargs: other `Attempt` fields (runtime, session, tolerance, ...).
     """
+    if experiment:
+        check_experiment_name(experiment)
     check_outbox()
     if not write.has_active_run():
         connect.setup_tracking(tracking_uri)

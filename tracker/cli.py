@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from tracker.errors import TrackerError
 from tracker.redaction import redact
+from tracker.terminal import printable
 from tracker.termination import EXIT_CODE, received, sigterm_as_exit
 
 
@@ -23,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with sigterm_as_exit():  # `timeout`, a CI cancel: runs end FAILED, exit 143
             return args.func(args)
     except (TrackerError, ValueError, ConnectionError) as e:
-        print(f"error: {redact(str(e))}", file=sys.stderr)
+        print(f"error: {printable(redact(str(e)))}", file=sys.stderr)
         return 2
     except Exception:
         if received():  # SIGTERM that surfaced as another error (e.g. an ImportError from a cut import)
@@ -114,10 +115,12 @@ def _optimize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tracker.experiment_args import measure_config, session_config
+    from tracker.keys import check_experiment_name
     from tracker.report.compare import format_table
     from tracker.search import parse_budget
     from tracker.studies import own
 
+    check_experiment_name(args.experiment)  # before any work: MLflow would refuse it at the first run
     config = own.OwnModelConfig(
         model=Path(args.model),
         feeds=Path(args.feeds) if args.feeds else None,
@@ -135,14 +138,14 @@ def _optimize(args: argparse.Namespace) -> int:
     )
     chosen = own.plan(config)  # bad input fails here, before any run is made
     if args.dry_run:
-        print(own.format_plan(config, chosen))
+        print(printable(own.format_plan(config, chosen)))
         return 0
     study = own.run(config, experiment=args.experiment, chosen=chosen)
-    print(format_table(own.comparison(study)))
+    print(printable(format_table(own.comparison(study))))
     if study.search_result is not None:
         from tracker.search.run import format_search
 
-        print(format_search(study.search_result))
+        print(printable(format_search(study.search_result)))
     failure = own.study_failure(study.results, study.failures)
     if failure:  # the runs are logged, but there is nothing to ship: 1, as `compare --require` when one did not pass
         print(f"error: {redact(failure)}", file=sys.stderr)
@@ -206,9 +209,9 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps({**compare.to_json(comparison, requirements),
                           "html": str(path) if args.html else None}, indent=1))
     else:
-        print(compare.format_table(comparison))
+        print(printable(compare.format_table(comparison)))
         for q in requirements:
-            print(f"require {q.name}: {'pass' if q.passed else 'FAIL'}: {q.reason}")
+            print(printable(f"require {q.name}: {'pass' if q.passed else 'FAIL'}: {q.reason}"))
         if args.html:
             print(f"report written to {path}")
     return 0 if all(q.passed for q in requirements) else 1
@@ -256,6 +259,8 @@ def _dims(pairs: list[str]) -> dict[str, int]:
         name, sep, size = pair.partition("=")
         if not sep or not size.strip().isdigit():
             raise ValueError(f"--dim expects NAME=SIZE with an integer size, got {pair!r}")
+        if int(size) < 1:  # an empty input gives empty outputs, which every check passes
+            raise ValueError(f"--dim {pair}: a dimension must be at least 1")
         dims[name.strip()] = int(size)
     return dims
 
@@ -288,12 +293,14 @@ def _table(summary) -> str:
         return ("No kernel events were found: the profile holds no Node events named '<node>_kernel_time', only "
                 "session events. That usually means no inference run was profiled (end_profiling() was called "
                 "before the first run, or every run failed before its first kernel).")
-    shown = summary[[C.KEY, C.TOTAL_US, C.CALLS, C.PCT, C.US_PER_RUN, C.MEAN_US]]
+    shown = summary[[C.KEY, C.TOTAL_US, C.CALLS, C.PCT, C.US_PER_RUN, C.MEAN_US]].copy()
+    shown[C.KEY] = shown[C.KEY].astype(str).map(printable)  # escaped before the columns are aligned
     return shown.to_string(index=False, float_format=lambda v: f"{v:.2f}")
 
 
 def _profile(args: argparse.Namespace) -> int:
     from tracker.api import log_attempt
+    from tracker.keys import check_experiment_name
     from tracker.measure.attempt import MeasureConfig
     from tracker.measure.feed_files import load_feeds
     from tracker.measure.feeds import make_feeds
@@ -302,6 +309,8 @@ def _profile(args: argparse.Namespace) -> int:
     from tracker.measure.ort_runtime import SessionConfig
     from tracker.studies.own import default_name
 
+    if args.experiment:
+        check_experiment_name(args.experiment)  # before any work: MLflow would refuse it at the first run
     model = load_model(args.model)
     check_ort_ops(model, source=repr(args.model))  # before any run is made
     if args.feeds:
@@ -344,12 +353,12 @@ def _inspect(args: argparse.Namespace) -> int:
     feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
     if args.node:
         evaluation = ref.evaluate_node(model, args.node, feeds, verbose=args.verbose)
-        print(evaluation.trace, end="")
+        print(printable(evaluation.trace), end="")
         for kind, values in (("input", evaluation.inputs), ("output", evaluation.outputs)):
             for name, value in values.items():
-                print(f"{kind} {name}: {value.dtype}{list(value.shape)}\n{value}")
+                print(printable(f"{kind} {name}: {value.dtype}{list(value.shape)}\n{value}"))
     else:
-        print(ref.trace_reference(model, feeds, verbose=args.verbose), end="")
+        print(printable(ref.trace_reference(model, feeds, verbose=args.verbose)), end="")
     return 0
 
 

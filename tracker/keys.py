@@ -59,6 +59,23 @@ _DOT_SEGMENT = re.compile(r"(?<![^/])\.(?![^/])")
 _FILE_DISALLOWED = re.compile(r"[^A-Za-z0-9_\-.]")
 
 
+# MLflow's (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH): a longer name fails when the first run starts.
+MAX_EXPERIMENT_NAME_LENGTH = 500
+
+
+def check_experiment_name(name: str) -> None:
+    """Refuses, before any work, an experiment name MLflow would refuse when the first run starts.
+
+    Raises:
+        ValueError: the name is not a string or is longer than `MAX_EXPERIMENT_NAME_LENGTH`.
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"experiment name must be a string, got {type(name).__name__} {name!r}")
+    if len(name) > MAX_EXPERIMENT_NAME_LENGTH:
+        raise ValueError(f"experiment name must be at most {MAX_EXPERIMENT_NAME_LENGTH} characters (MLflow's "
+                         f"limit), got {len(name)}: {name[:40]!r}...")
+
+
 def sanitize_key(name: str) -> str:
     """Maps any text to a key MLflow accepts (letters, digits, `_ - . space : /`, no `//`, `..`).
 
