@@ -232,18 +232,18 @@ def test_maps_whose_class_keys_differ_cannot_be_compared_and_say_which_keys():
 
 
 def _sequence_model() -> onnx.ModelProto:
-    """X -> a sequence of two tensors (X, Relu(X)): what onnx's SequenceConstruct returns."""
+    """X -> a sequence of two tensors of different shapes, X [N, 3] and its transpose (SequenceConstruct)."""
     x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 3])
     seq = helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("Relu", ["X"], ["R"]), helper.make_node("SequenceConstruct", ["X", "R"], ["S"])]
+    nodes = [helper.make_node("Transpose", ["X"], ["T"]), helper.make_node("SequenceConstruct", ["X", "T"], ["S"])]
     graph = helper.make_graph(nodes, "sequence", [x], [seq])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
 def test_a_sequence_of_tensors_is_compared_element_by_element():
-    x = np.array([[1.0, -2.0, 3.0]], np.float32)
+    x = np.array([[1.0, -2.0, 3.0], [4.0, 5.0, -6.0]], np.float32)
     outputs = _run(_sequence_model(), {"X": x})
-    assert isinstance(outputs[0], list) and len(outputs[0]) == 2
+    assert [o.shape for o in outputs[0]] == [(2, 3), (3, 2)]
     assert [p.label for p in output_parts(outputs[0], 0)] == ["output 0[0]", "output 0[1]"]
     assert compare_outputs(outputs, _run(_sequence_model(), {"X": x}), EXACT).passed is True
     changed = [[outputs[0][0], outputs[0][1] + 0.5]]
