@@ -1,7 +1,12 @@
-"""Benchmark: peak memory and time of parse_profile on the hostile files of issue 14 (a one-line gzip, NUL bytes).
+"""Benchmark: peak memory and time of parse_profile on the hostile files of issue 14 (a one-line gzip, NUL bytes);
+with `--probe`, the outside probe of issue 22 instead (held/broke per case).
 
 Each file is parsed in a fresh interpreter (so its peak RSS is its own) by whichever `tracker` it imports: run it
 with PYTHONPATH pointing at another checkout to measure that one. Prints figures only; asserts nothing.
+
+`--probe [--only ITEMS]` runs the cases of `probe_logging.py`, `probe_server.py`, `probe_inputs.py` and
+`probe_outputs.py` (items 1-14 of issue 22), each in an empty folder, from outside (`python -m tracker ...`), and
+prints per case whether it held, with what the user saw. `PYTHONPATH=/path/to/older/checkout` probes that one.
 """
 
 from __future__ import annotations
@@ -59,7 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None, help="where to write the files (default: a temp dir)")
     parser.add_argument("--before", type=Path, default=None,
                         help="also parse each file with the tracker of this checkout (e.g. a `git archive` of HEAD~1)")
+    parser.add_argument("--probe", action="store_true", help="run issue 22's outside probe instead (held/broke)")
+    parser.add_argument("--only", default="", help="with --probe: the issue's items to run, e.g. 1,2,9")
     args = parser.parse_args(argv)
+    if args.probe:
+        return probe(only={item.strip() for item in args.only.split(",") if item.strip()}, folder=args.dir)
     import tracker
 
     runs = max(2, round(args.text_gib * 2**30 / (len(gpt2_graph()) * 912)))
@@ -81,6 +90,31 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:32} {path.stat().st_size / 1e6:7.0f} {measure(path)}")
             if args.before:
                 print(f"{'  before':32} {'':7} {measure(path, args.before)}")
+    return 0
+
+
+def probe(*, only: set[str], folder: Path | None) -> int:
+    """Runs the probe's cases (see the module docstring); prints one line per case, then the count held."""
+    import importlib
+
+    import tracker
+
+    cases = [case for module in ("probe_logging", "probe_server", "probe_inputs", "probe_outputs")
+             for case in importlib.import_module(module).CASES if not only or case[0] in only]
+    cases.sort(key=lambda case: int(case[0]))
+    print(f"issue 22 probe of {Path(tracker.__file__).parent}: {len(cases)} cases")
+    held_count = 0
+    for item, name, case in cases:
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="probe_", dir=folder) as tmp:
+            try:
+                held, seen = case(Path(tmp))
+            except Exception as e:  # the probe itself broke (a timeout, an assertion of its setup)
+                held, seen = False, f"probe error: {type(e).__name__}: {str(e)[:150]}"
+        held_count += held
+        print(f"{item:>3} {'held ' if held else 'BROKE'} {time.perf_counter() - start:5.1f} s  {name}: {seen}",
+              flush=True)
+    print(f"{held_count} of {len(cases)} held")
     return 0
 
 

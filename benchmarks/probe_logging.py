@@ -1,0 +1,188 @@
+"""Probe cases of issue 22, items 1-6: logging and the outbox (records MLflow refuses, a bad record among good
+ones, two uploads at once, a file as the outbox) and signals (Ctrl-C while ./mlflow.db is built, SIGTERM swallowed
+in a weakref callback).
+
+Each case works from outside, on a sqlite store in an empty folder, through `python -m tracker` (or a `python -c`
+child), and returns (held, one-line observation). Records are written with `tracker.record.save_record`, whose
+format has not changed, so the cases run against an older checkout too (PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+
+def _env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID")}
+    return {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "TRACKER_OUTBOX": str(tmp / "outbox"),
+            **extra}
+
+
+def _tracker(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tracker", *args], cwd=tmp, env=env or _env(tmp),
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+
+
+def _last_line(done: subprocess.CompletedProcess) -> str:
+    lines = [line for line in done.stderr.strip().splitlines() if "INFO mlflow" not in line]
+    return (lines or done.stdout.strip().splitlines() or [""])[-1][:200]
+
+
+def _runs(tmp: Path) -> list[tuple[str, str]]:
+    """(name, status) of the live runs in the store, from its tables (no MLflow in this process)."""
+    with sqlite3.connect(tmp / "mlflow.db") as connection:
+        return sorted(connection.execute("SELECT name, status FROM runs WHERE lifecycle_stage = 'active'"))
+
+
+def _linear() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])
+    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel().tolist())
+    graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "linear", [x], [y], [weight])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _forest() -> onnx.ModelProto:
+    from skl2onnx import to_onnx
+    from sklearn.datasets import load_iris
+    from sklearn.ensemble import RandomForestClassifier
+
+    x, y = load_iris(return_X_y=True)
+    forest = RandomForestClassifier(n_estimators=3, max_depth=3, random_state=0).fit(x, y)
+    return to_onnx(forest, x[:1].astype(np.float32), target_opset={"": 17, "ai.onnx.ml": 3})
+
+
+def _keep(tmp: Path, name: str, model: onnx.ModelProto, **fields) -> Path:
+    """A record in `tmp/outbox`, as a study's process keeps it when the store does not take it."""
+    from tracker.record import AttemptRecord, save_record
+
+    work = tmp / "work" / name
+    work.mkdir(parents=True)
+    onnx.save(model, str(work / "model.onnx"))
+    record = AttemptRecord(name, "probe", "onnxruntime", metrics={"latency.p50_ms": 1.0},
+                           model_path=str(work / "model.onnx"), **fields)
+    return save_record(record, tmp / "outbox")
+
+
+def _new_store(tmp: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "from tracker.store.connect import setup_tracking; "
+                           "setup_tracking()"], cwd=tmp, env=_env(tmp), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-500:]
+
+
+def zipmap_record_uploaded(tmp: Path) -> tuple[bool, str]:
+    _keep(tmp, "forest", _forest())
+    done = _tracker(tmp, "upload", str(tmp / "outbox"))
+    runs = _runs(tmp)
+    held = done.returncode == 0 and runs == [("forest", "FINISHED")] and "Traceback" not in done.stderr
+    return held, f"rc {done.returncode}, runs {runs}: {_last_line(done)}"
+
+
+def bad_record_among_good_ones(tmp: Path) -> tuple[bool, str]:
+    _new_store(tmp)
+    with sqlite3.connect(tmp / "mlflow.db") as connection:  # an experiment deleted since its study ran
+        connection.execute("INSERT INTO experiments (experiment_id, name, artifact_location, lifecycle_stage) "
+                           "VALUES (7, 'gone', 'mlruns/7', 'deleted')")
+    _keep(tmp, "a", _linear())
+    _keep(tmp, "b", _linear(), experiment_id="7")
+    _keep(tmp, "c", _linear())
+    tries = [_tracker(tmp, "upload", str(tmp / "outbox")) for _ in range(2)]
+    runs = _runs(tmp)
+    clean = all("Traceback" not in t.stderr for t in tries)
+    held = clean and runs == [("a", "FINISHED"), ("c", "FINISHED")] and all(t.returncode == 2 for t in tries)
+    return held, f"rc {[t.returncode for t in tries]}, runs after 2 tries {runs}: {_last_line(tries[-1])}"
+
+
+def two_uploads_at_once(tmp: Path) -> tuple[bool, str]:
+    _new_store(tmp)
+    for name in "abcdef":
+        _keep(tmp, name, _linear())
+    command = [sys.executable, "-m", "tracker", "upload", str(tmp / "outbox")]
+    procs = [subprocess.Popen(command, cwd=tmp, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(2)]
+    codes = [p.wait(timeout=300) for p in procs]
+    errors = [p.stderr.read() for p in procs]
+    names = [name for name, _ in _runs(tmp)]
+    held = names == list("abcdef") and not any("Traceback" in e for e in errors)
+    return held, f"rc {codes}, {len(names)} runs for 6 records, tracebacks: {sum('Traceback' in e for e in errors)}"
+
+
+def outbox_is_a_file(tmp: Path) -> tuple[bool, str]:
+    _new_store(tmp)
+    with sqlite3.connect(tmp / "mlflow.db") as connection:  # the store refuses the run: the outbox is needed
+        connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'no'); END")
+    onnx.save(_linear(), str(tmp / "m.onnx"))
+    (tmp / "outbox-file").write_text("a file")
+    done = _tracker(tmp, "profile", "m.onnx", "--dim", "N=2", "--runs", "2", "--min-seconds", "0",
+                    env=_env(tmp, TRACKER_OUTBOX=str(tmp / "outbox-file")))
+    held = done.returncode == 2 and "Traceback" not in done.stderr and "not a folder" in done.stderr
+    return held, f"rc {done.returncode}: {_last_line(done)}"
+
+
+def ctrl_c_while_the_default_store_is_built(tmp: Path) -> tuple[bool, str]:
+    onnx.save(_linear(), str(tmp / "m.onnx"))
+    env = {k: v for k, v in _env(tmp).items() if k != "MLFLOW_TRACKING_URI"}  # ./mlflow.db
+    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2", "--min-seconds",
+               "0"]
+    cut = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not _migrating(tmp) and cut.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cut.send_signal(signal.SIGINT)
+    cut.wait(timeout=120)
+    again = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+    held = again.returncode == 0
+    return held, f"the command after Ctrl-C: rc {again.returncode}: {_last_line(again) if not held else 'ok'}"
+
+
+def _migrating(folder: Path) -> bool:
+    for name in ("mlflow.db", ".mlflow.db.building"):
+        try:
+            with sqlite3.connect(f"file:{folder / name}?mode=ro", uri=True, timeout=0.01) as connection:
+                if connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'alembic_version'").fetchone():
+                    return True
+        except sqlite3.Error:
+            pass
+    return False
+
+
+_SWALLOWED = """
+import os, signal, weakref
+from tracker.termination import sigterm_as_exit
+class Pooled:
+    pass
+def on_collect(_):
+    os.kill(os.getpid(), signal.SIGTERM)
+    sum(range(10000))
+with sigterm_as_exit():
+    pooled = Pooled()
+    ref = weakref.ref(pooled, on_collect)
+    del pooled
+"""
+
+
+def sigterm_in_a_weakref_callback(tmp: Path) -> tuple[bool, str]:
+    done = subprocess.run([sys.executable, "-c", _SWALLOWED], cwd=tmp, capture_output=True, text=True, timeout=60)
+    swallowed = 'the exception was swallowed' if 'Exception ignored' in done.stderr else 'no exception swallowed'
+    return done.returncode == 143, f"exit {done.returncode} ({swallowed})"
+
+
+CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
+    ("1", "a kept record of a default skl2onnx forest (ZipMap), uploaded", zipmap_record_uploaded),
+    ("2", "a record MLflow refuses among two good ones, uploaded twice", bad_record_among_good_ones),
+    ("3", "two `tracker upload`s of one outbox at once", two_uploads_at_once),
+    ("4", "TRACKER_OUTBOX naming a file, the store refusing the run", outbox_is_a_file),
+    ("5", "Ctrl-C during the first use of ./mlflow.db", ctrl_c_while_the_default_store_is_built),
+    ("6", "SIGTERM landing in a weakref callback", sigterm_in_a_weakref_callback),
+]
