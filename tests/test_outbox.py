@@ -6,6 +6,7 @@ import logging
 
 import mlflow
 import numpy as np
+import onnx
 import pytest
 from mlflow import MlflowClient
 
@@ -69,3 +70,40 @@ def test_attempts_measured_after_the_server_died_are_kept_and_uploaded_later(
     assert runs["outage"].data.tags["tracker.best_attempt"] in ("baseline", "ort_opt_disabled")
     assert runs["outage"].data.metrics["study.attempts"] == 2
     assert not find_records(tmp_path / "outbox"), "uploaded records are removed"
+
+
+def test_an_outage_midway_through_an_upload_keeps_the_rest_and_the_next_upload_makes_one_run_each(
+    server, tmp_path, monkeypatch, capsys
+):
+    from tracker.record import AttemptRecord, save_record
+    from tracker.store import upload
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    for name in "abc":
+        onnx_path = tmp_path / f"{name}.onnx"
+        onnx.save(make_linear_model(n_features=4), str(onnx_path))
+        save_record(AttemptRecord(name, "kept", "onnxruntime", metrics={"latency.p50_ms": 1.0},
+                                  model_path=str(onnx_path)), tmp_path / "outbox")
+    uploaded = upload._upload_record
+
+    def then_the_server_dies(folder, record):
+        result = uploaded(folder, record)
+        server.kill()  # after the first record: the next one meets an outage
+        return result
+
+    monkeypatch.setattr(upload, "_upload_record", then_the_server_dies)
+    assert main(["upload", str(tmp_path / "outbox")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    kept = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(kept) == 2 and all("once the tracking store answers" in line for line in kept), err
+    assert [p.name for p in find_records(tmp_path / "outbox")] == ["b", "c"]
+
+    monkeypatch.undo()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    server.start()
+    assert main(["upload", str(tmp_path / "outbox")]) == 0
+    client = MlflowClient(tracking_uri=server.uri)
+    runs = client.search_runs(["0"])
+    assert sorted(r.info.run_name for r in runs) == ["a", "b", "c"], "one run per record, none left FAILED"
+    assert {r.info.status for r in runs} == {"FINISHED"}
