@@ -141,9 +141,24 @@ def ctrl_c_while_the_default_store_is_built(tmp: Path) -> tuple[bool, str]:
         time.sleep(0.01)
     cut.send_signal(signal.SIGINT)
     cut.wait(timeout=120)
+    left = _revision(tmp / "mlflow.db")
     again = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
-    held = again.returncode == 0
-    return held, f"the command after Ctrl-C: rc {again.returncode}: {_last_line(again) if not held else 'ok'}"
+    whole = left in (None, _revision(tmp / "mlflow.db"))
+    held = again.returncode == 0 and whole
+    return held, (f"{'no store or a whole one' if whole else f'a half-built store (revision {left})'} left; the "
+                  f"command after Ctrl-C: rc {again.returncode}: {_last_line(again) if again.returncode else 'ok'}")
+
+
+def _revision(db: Path) -> str | None:
+    """The schema revision a sqlite store's migrations reached; None if there is no store."""
+    if not db.exists():
+        return None
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
+        try:
+            (revision,) = connection.execute("SELECT version_num FROM alembic_version").fetchone() or ("none",)
+        except sqlite3.Error:
+            return "no revision"
+    return revision
 
 
 def _migrating(folder: Path) -> bool:

@@ -91,7 +91,8 @@ class Study:
         self._graphs: dict[str, onnx.ModelProto] = {}  # `graph_of`
         self.steps = StepTimes()  # the study's own work; each attempt has its own
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
-        self.phase_rooflines: dict[str, dict[str, Roofline]] = {}  # attempt -> phase -> roofline (`add_phase_rooflines`)
+        # attempt -> phase -> roofline (`add_phase_rooflines`)
+        self.phase_rooflines: dict[str, dict[str, Roofline]] = {}
         self.search_result: SearchResult | None = None  # `search`
         self._started = time.perf_counter()
         self._run_cm = None
@@ -359,9 +360,10 @@ class Study:
                     write.log_study_summary(**summary)
                 except Exception as e:
                     kept = save_summary(summary, study=self.name, parent_run_id=self.run.info.run_id)
-                    logger.error("could not log the summary of study %s (%s: %s); it is kept in %s and its run "
-                                 "stays open on the server until `tracker upload %s`",
-                                 self.name, type(e).__name__, e, kept.parent, kept.parent.parent)
+                    why = "could not log" if faults.is_outage(e) else "the tracking store refused"
+                    logger.error("%s the summary of study %s (%s); it is kept in %s and its run stays open on the "
+                                 "server until `tracker upload %s`", why, self.name, faults.describe(e),
+                                 kept.parent, kept.parent.parent)
                 else:
                     self._log_report(summary["best"])
         finally:
@@ -469,7 +471,8 @@ def run_attempt(
             result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
         # The first attempt of a runtime is its own baseline: speed-up 1, node delta 0.
         baseline = same_runtime or result
-        result.verdict = "baseline" if baseline is result else verdict(result.speedup, accuracy_passed=result.diff.passed)
+        result.verdict = ("baseline" if baseline is result
+                          else verdict(result.speedup, accuracy_passed=result.diff.passed))
         with result.steps.step("artifacts"):
             artifacts = write_attempt_artifacts(
                 result, workdir / "artifacts", baseline=baseline, skip_runs=config.skip_runs
