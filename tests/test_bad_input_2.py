@@ -56,6 +56,14 @@ def test_a_dim_of_zero_is_refused_naming_it(store, linear, capsys, command):
     assert run_names(store) == []
 
 
+def test_a_past_length_of_zero_is_a_decoders_first_step_and_stays_allowed():
+    from tracker.cli import _dims
+
+    assert _dims(["batch=1,past_sequence_length=0"]) == {"batch": 1, "past_sequence_length": 0}
+    with pytest.raises(ValueError, match="a dimension must be at least 1"):
+        _dims(["sequence_length=0"])
+
+
 def test_a_config_nested_too_deep_is_a_one_line_error_naming_the_file(store, linear, tmp_path, capsys):
     config = tmp_path / "config.json"
     config.write_text('{"model_type": ' + "[" * 100_000 + "]" * 100_000 + "}")

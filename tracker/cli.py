@@ -259,8 +259,10 @@ def _dims(pairs: list[str]) -> dict[str, int]:
         name, sep, size = pair.partition("=")
         if not sep or not size.strip().isdigit():
             raise ValueError(f"--dim expects NAME=SIZE with an integer size, got {pair!r}")
-        if int(size) < 1:  # an empty input gives empty outputs, which every check passes
-            raise ValueError(f"--dim {pair}: a dimension must be at least 1")
+        # An empty input gives empty outputs, which every check passes; an empty past is a decoder's first step.
+        if int(size) < 1 and "past" not in name.lower():
+            raise ValueError(f"--dim {pair}: a dimension must be at least 1 (0 only for a past length, e.g. "
+                             "past_sequence_length=0, a decoder's first step)")
         dims[name.strip()] = int(size)
     return dims
 
