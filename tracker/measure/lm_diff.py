@@ -65,6 +65,10 @@ class LogitsDiff:
     def max_abs(self) -> float:
         return self.outputs.max_abs
 
+    @property
+    def nonfinite_mismatches(self) -> int:
+        return self.outputs.nonfinite_mismatches
+
     def metrics(self) -> dict[str, float]:
         return {
             **self.outputs.metrics(),
