@@ -145,6 +145,12 @@ def test_an_attempt_whose_outputs_hold_nan_where_the_baseline_does_not_is_reject
     run = mlflow.get_run(broken.run_id)
     assert "feeds.nonfinite" not in run.data.params  # finite feeds: nothing to say
     assert run.data.metrics["diff.nonfinite_mismatches"] == 3.0
+    # `tracker compare` says why its max |diff| of the finite positions is not the whole story.
+    from tracker.report.compare import format_table, load_comparison
+
+    table = format_table(load_comparison(study_run_id=study.run.info.run_id))
+    (line,) = [line for line in table.splitlines() if "nan_bias" in line]
+    assert "FAILED (max" in line and ", 3 NaN/inf on one side only)" in line
 
 
 # -- item 13: sequences and maps --------------------------------------------------------------------------------

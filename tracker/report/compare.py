@@ -139,6 +139,7 @@ def row_from_run(run: FetchedRun) -> AttemptRow:
         disturbed=tags.get(TAG_DISTURBED) or None,
         diff_passed=diff_passed,
         diff_max_abs=metrics.get("diff.max_abs"),
+        diff_nonfinite=_int(metrics.get("diff.nonfinite_mismatches")),
         top1_agreement=metrics.get("diff.top1_agreement"),
         cosine_min=metrics.get("diff.cosine_min"),
         size_bytes=_int(metrics.get("model.size_bytes")),
@@ -177,7 +178,7 @@ def format_table(comparison: Comparison) -> str:
     lines, notes = [], []
     for label, r in zip(attempt_labels(comparison.rows), comparison.rows):
         accuracy = "-" if r.diff_passed is None else (
-            f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g})")
+            f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g}{_nonfinite(r)})")
         if r.top1_agreement is not None:
             accuracy += f" top1 {r.top1_agreement:.1%}"
         if r.cosine_min is not None:
@@ -243,11 +244,18 @@ def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict
     }
 
 
+def _nonfinite(row: AttemptRow) -> str:
+    """", N NaN/inf on one side only" when outputs are NaN or infinite where the baseline's are not, or the
+    reverse (its max |diff| counts the finite positions only), else nothing."""
+    return f", {row.diff_nonfinite} NaN/inf on one side only" if row.diff_nonfinite else ""
+
+
 def _failure(row: AttemptRow) -> str | None:
     if row.failed:
         return f"{row.attempt} failed: {row.error or row.status}"
     if row.verdict == "rejected" or row.diff_passed is False:
-        return f"{row.attempt} was rejected: its accuracy check failed (max |diff| {_fmt(row.diff_max_abs, '.3g')})"
+        return (f"{row.attempt} was rejected: its accuracy check failed (max |diff| {_fmt(row.diff_max_abs, '.3g')}"
+                f"{_nonfinite(row)})")
     if row.diff_passed is None:
         return f"{row.attempt} has no accuracy check (no diff.passed metric)"
     return None

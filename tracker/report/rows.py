@@ -71,6 +71,7 @@ class AttemptRow:
     disturbed: str | None = None
     diff_passed: bool | None = None
     diff_max_abs: float | None = None
+    diff_nonfinite: int | None = None  # outputs NaN or infinite on one side only
     top1_agreement: float | None = None
     cosine_min: float | None = None
     size_bytes: int | None = None
@@ -156,6 +157,7 @@ def rows_from_results(
             disturbed=",".join(r.disturbed_steps) or None,
             diff_passed=passed,
             diff_max_abs=float(diff.max_abs) if diff is not None else None,
+            diff_nonfinite=getattr(diff, "nonfinite_mismatches", None),
             top1_agreement=getattr(diff, "top1_agreement", None),
             cosine_min=getattr(diff, "cosine_min", None),
             size_bytes=r.graph.size_bytes if r.graph else None,
