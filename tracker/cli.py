@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with sigterm_as_exit():  # `timeout`, a CI cancel: runs end FAILED, exit 143
             return args.func(args)
     except (TrackerError, ValueError, ConnectionError) as e:
-        print(f"error: {printable(redact(str(e)))}", file=sys.stderr)
+        _error(str(e))
         return 2
     except Exception:
         if received():  # SIGTERM that surfaced as another error (e.g. an ImportError from a cut import)
@@ -34,6 +34,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # what was logged stays; open runs were ended FAILED on the way out
         print("interrupted (Ctrl-C): runs logged so far are kept; the run that was cut is FAILED", file=sys.stderr)
         return 130
+
+
+def _error(text: str) -> None:
+    """One `error:` line on stderr: credentials redacted, control characters escaped."""
+    print(f"error: {printable(redact(text))}", file=sys.stderr)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--node", default=None, help="evaluate only this node, on inputs from a full run")
     i.set_defaults(func=_inspect, progress=False)
     u = sub.add_parser("upload", help="log the attempts kept locally when the tracking server was unreachable")
-    u.add_argument("folder", nargs="?", default=None, help="the outbox folder (default: $TRACKER_OUTBOX or ./tracker-outbox)")
+    u.add_argument("folder", nargs="?", default=None,
+                   help="the outbox folder (default: $TRACKER_OUTBOX or ./tracker-outbox)")
     u.set_defaults(func=_upload)
     _add_compare_parser(sub)
     return parser
@@ -148,7 +154,7 @@ def _optimize(args: argparse.Namespace) -> int:
         print(printable(format_search(study.search_result)))
     failure = own.study_failure(study.results, study.failures)
     if failure:  # the runs are logged, but there is nothing to ship: 1, as `compare --require` when one did not pass
-        print(f"error: {redact(failure)}", file=sys.stderr)
+        _error(failure)
         return 1
     return 0
 
@@ -233,15 +239,15 @@ def _upload(args: argparse.Namespace) -> int:
     print(f"uploaded {len(done.run_ids)} attempt run(s) to {redact_uri(uri)}: {', '.join(done.run_ids) or '-'}")
     for path, run_id in done.uploaded.items():
         left_out = done.left_out.get(path)
-        print(f"  {path}: run {run_id}" + (f" (without {'; '.join(f'{k}: {v}' for k, v in left_out.items())})"
-                                            if left_out else ""))
+        without = f" (without {'; '.join(f'{k}: {v}' for k, v in left_out.items())})" if left_out else ""
+        print(printable(f"  {path}: run {run_id}{without}"))
     for run_id in done.studies:
         print(f"study run {run_id}: summary and report logged, rebuilt from its attempt runs")
     for path, reason in done.refused.items():
-        print(f"error: {reason}; not uploaded: it stays in {path}", file=sys.stderr)
+        _error(f"{reason}; not uploaded: it stays in {path}")
     for path, reason in done.kept.items():
-        print(f"error: {path} not uploaded ({reason}); it stays in the outbox: run `tracker upload {folder}` again "
-              "once the tracking store answers", file=sys.stderr)
+        _error(f"{path} not uploaded ({reason}); it stays in the outbox: run `tracker upload {folder}` again once "
+               "the tracking store answers")
     return 2 if done.refused or done.kept else 0
 
 
@@ -329,14 +335,14 @@ def _profile(args: argparse.Namespace) -> int:
     if result.run_id is None:
         failed = f" (and the attempt failed: {result.error})" if not result.ok else ""
         if result.refused:
-            print(f"error: the tracking store refused the run of attempt {name} ({result.refused}){failed}; it is "
-                  f"kept in {result.outbox}", file=sys.stderr)
+            _error(f"the tracking store refused the run of attempt {name} ({result.refused}){failed}; it is kept in "
+                   f"{result.outbox}")
             return 2
-        print(f"error: attempt {name} could not be logged{failed}; it is kept in {result.outbox}: send it "
-              f"with `tracker upload {result.outbox}` once the tracking store answers", file=sys.stderr)
+        _error(f"attempt {name} could not be logged{failed}; it is kept in {result.outbox}: send it with "
+               f"`tracker upload {result.outbox}` once the tracking store answers")
         return 2
     if not result.ok:
-        print(f"error: attempt {name} failed: {result.error}", file=sys.stderr)
+        _error(f"attempt {name} failed: {result.error}")
         return 1
     from tracker.profile import aggregate
 
