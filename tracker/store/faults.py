@@ -16,10 +16,14 @@ not answer a read right after it.
 
 from __future__ import annotations
 
+import errno
+
 import mlflow
 
 from tracker.errors import TrackingServerError
 
+# A local artifact store that is full, read-only or failing: the store's trouble, not the content's.
+_STORE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 # MLflow error codes that say "not now" whatever the content.
 _TRANSIENT_CODES = frozenset({
     "TEMPORARILY_UNAVAILABLE", "DEADLINE_EXCEEDED", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED", "ABORTED",
@@ -56,8 +60,8 @@ def _transient_cause(error: BaseException) -> bool | None:
                 return True
             if e.error_code in _REFUSAL_CODES:
                 return False
-        if isinstance(e, OSError) and e.errno is not None and e.errno in _STORE_ERRNOS:
-            return True  # a local artifact store that is full, or read-only
+        if isinstance(e, OSError) and e.errno in _STORE_ERRNOS:
+            return True
     return None
 
 
@@ -76,13 +80,6 @@ def _chain(error: BaseException):
         error = error.__cause__ or error.__context__
 
 
-def _errnos() -> frozenset[int]:
-    import errno
-
-    return frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
-
-
-_STORE_ERRNOS = _errnos()
 
 
 def _store_answers() -> bool:
