@@ -37,8 +37,8 @@ _LABELS = {name: label for name, _, label in _METHODS}
 
 def check_profile(path: Path, *, kernel_events: int | None, runs: int | None) -> tuple[int, int]:
     """Parses the file with the tracker and fails loudly if it does not hold what was written."""
-    from tracker.profile import columns as C
     from tracker.errors import ProfileFormatError
+    from tracker.profile import columns as C
     from tracker.profile.parse import parse_profile
 
     if path.is_file() and path.read_bytes()[:2] == b"\x1f\x8b":

@@ -54,10 +54,10 @@ def build_models(names: list[str], folder: Path) -> dict[str, tuple[Path, dict[s
     out = {}
     for name in names:
         if name == "linreg":
+            from skl2onnx import to_onnx
             from sklearn.datasets import load_diabetes
             from sklearn.linear_model import LinearRegression
             from sklearn.model_selection import train_test_split
-            from skl2onnx import to_onnx
 
             X, y = load_diabetes(return_X_y=True)
             X_train, X_test, y_train, _ = train_test_split(X, y, random_state=11)
@@ -104,7 +104,7 @@ def isolated_ratio(baseline: Attempt, attempt: Attempt, feeds, *, seconds: float
         per_call = {}
         for a in (baseline, attempt) if cycle % 2 == 0 else (attempt, baseline):
             session = make_session(a.model, a.session, stop_spinning_after_run=stop_spinning)
-            per_call[a.name] = _median_block(lambda: session.run(None, dict(feeds)), seconds)
+            per_call[a.name] = _median_block(lambda s=session: s.run(None, dict(feeds)), seconds)
             del session
         logs.append(math.log(per_call[baseline.name] / per_call[attempt.name]))
     spread = statistics.stdev(logs) / math.sqrt(len(logs))

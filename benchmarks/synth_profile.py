@@ -95,7 +95,7 @@ def _nbytes(io: list) -> int:
 
 
 def _shapes(io: list) -> str:
-    return "[" + ",".join('{"%s":[%s]}' % (t, ",".join(map(str, s))) for t, s in io) + "]"
+    return "[" + ",".join(f'{{"{t}":[{",".join(map(str, s))}]}}' for t, s in io) + "]"
 
 
 def _event(cat: str, name: str, ts: int, dur: int, args: str = "") -> str:

@@ -6,12 +6,12 @@ import os
 from pathlib import Path
 
 import mlflow
-from mlflow import MlflowClient
 import numpy as np
 import pytest
+from mlflow import MlflowClient
 
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.measure.speedup import SpeedupConfig
+from tracker.optimize.add_eyelike import make_linear_model
 
 # The least interleaved timing that still gives an interval, for tests that do not check the speed-up.
 FAST_SPEEDUP = SpeedupConfig(rounds=4, seconds=0.0, round_seconds=0.0, min_pairs=3, warmup_runs=1, block_ms=0.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import numpy as np
 import onnx
@@ -9,9 +11,9 @@ import pytest
 from mlflow import MlflowClient
 
 import tracker
+from tests.conftest import FAST_SPEEDUP
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
 from tracker.settings import resolve_tracking_uri
-from tests.conftest import FAST_SPEEDUP
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
@@ -38,7 +40,7 @@ def test_a_crashing_attempt_fails_its_own_run_and_the_study_goes_on(store, model
     assert runs["s"].data.metrics["study.failed"] == 1
     assert runs["s"].data.metrics["study.attempts"] == 3
     error_file = store.download_artifacts(runs["broken"].info.run_id, "error.txt", str(tmp_path))
-    assert "ModelError" in open(error_file).read()
+    assert "ModelError" in Path(error_file).read_text()
 
 
 def test_feeds_that_do_not_match_fail_the_attempt_before_timing(store, model, tmp_path):

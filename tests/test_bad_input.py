@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.measure.model_io import load_model
+from tracker.optimize.add_eyelike import make_linear_model
 
 COMMANDS = ["inspect", "profile"]
 

@@ -10,12 +10,12 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.record import find_records
 from tracker.server import LocalMlflowServer
-from tests.conftest import FAST_SPEEDUP
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))

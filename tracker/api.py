@@ -17,6 +17,7 @@ import onnx
 
 from tracker import run_content
 from tracker.artifacts import write_attempt_artifacts
+from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
 from tracker.measure.machine import MachinePeaks, measure_machine
 from tracker.measure.memory import release_free_memory
@@ -24,10 +25,9 @@ from tracker.measure.model_io import load_model
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.output_diff import TOLERANCES
 from tracker.measure.roofline import Roofline
-from tracker.measure.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.speedup import verdict
 from tracker.measure.steps import StepTimes
-from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
+from tracker.measure.task_diff import TaskTolerance, tolerance_for
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo, get_entry
 from tracker.record import AttemptRecord, check_outbox, outbox_root, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts

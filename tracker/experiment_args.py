@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-
 from typing import TYPE_CHECKING
 
 from tracker.measure.speedup import MIN_ROUNDS, SpeedupConfig

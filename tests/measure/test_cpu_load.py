@@ -17,8 +17,8 @@ from mlflow import MlflowClient
 
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.cpu_load import DISTURBED_LOAD, CpuLoad, watch_cpu_load
-from tracker.report.compare import format_table, load_comparison
 from tracker.measure.speedup import SpeedupConfig
+from tracker.report.compare import format_table, load_comparison
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tracker.errors import FeedError
+from tracker.measure.feed_files import load_feeds
 from tracker.measure.feeds import (
     DEFAULT_BATCH,
     DEFAULT_SEQUENCE,
@@ -27,7 +28,6 @@ from tracker.measure.feeds import (
     make_feeds,
     symbolic_dims,
 )
-from tracker.measure.feed_files import load_feeds
 from tracker.optimize.add_eyelike import make_linear_model
 
 

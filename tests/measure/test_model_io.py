@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from tracker.errors import ModelError
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.measure.model_io import check_model, load_model, model_bytes
+from tracker.optimize.add_eyelike import make_linear_model
 
 NOT_ONNX = r"not (a readable|an) ONNX model"
 

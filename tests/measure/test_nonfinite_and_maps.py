@@ -14,13 +14,13 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.feeds_description import describe_feeds
 from tracker.measure.output_diff import EXACT, FP32, compare_outputs
 from tracker.measure.output_values import output_parts
 from tracker.measure.task_diff import CLASSIFICATION_TOLERANCES, task_tolerances
 from tracker.optimize.add_eyelike import make_linear_model
-from tests.conftest import FAST_SPEEDUP
 
 FAST = MeasureConfig(profile_runs=2, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3,
                                                                                min_seconds=0.0))

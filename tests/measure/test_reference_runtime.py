@@ -10,7 +10,6 @@ import pytest
 from onnx import numpy_helper
 
 from tracker.errors import FeedError
-from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.measure.latency import TimingConfig
 from tracker.measure.reference_runtime import (
     evaluate_node,
@@ -19,6 +18,7 @@ from tracker.measure.reference_runtime import (
     time_reference,
     trace_reference,
 )
+from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile
 

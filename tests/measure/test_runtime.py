@@ -6,11 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracker.optimize.add_eyelike import AddEyeLike
 from tracker.measure.attempt import Attempt
 from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.runtime import RUNTIMES, OrtRuntime, ReferenceRuntime, get_runtime
+from tracker.optimize.add_eyelike import AddEyeLike
 from tracker.profile.parse import parse_profile
+
 
 def _attempt(model, name: str) -> Attempt:
     return Attempt(name, model, runtime=name, session=SessionConfig(intra_op_num_threads=1))

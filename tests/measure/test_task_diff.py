@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
+from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.lm_diff import LOGITS_TOLERANCES
 from tracker.measure.output_diff import INT8, TOLERANCES
@@ -30,7 +31,6 @@ from tracker.measure.task_diff import (
     compare_regression,
     task_tolerances,
 )
-from tests.conftest import FAST_SPEEDUP
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 RNG = np.random.default_rng(0)
@@ -177,8 +177,8 @@ def test_the_predictions_are_the_first_floating_point_output():
 
 @pytest.fixture(scope="module")
 def linear_regression():
-    from sklearn.linear_model import LinearRegression
     from skl2onnx import to_onnx
+    from sklearn.linear_model import LinearRegression
 
     X = RNG.standard_normal((64, 5)).astype(np.float32)
     model = LinearRegression(fit_intercept=False).fit(X, X @ np.arange(1.0, 6.0))
@@ -206,11 +206,11 @@ def _run(model, X: np.ndarray) -> list:
 @pytest.fixture(scope="module")
 def classifiers():
     """A scaler + logistic regression pipeline on 4 classes, converted without zipmap, and changed copies."""
+    from skl2onnx import to_onnx
     from sklearn.datasets import make_classification
     from sklearn.linear_model import LogisticRegression
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
-    from skl2onnx import to_onnx
 
     X, y = make_classification(200, 6, n_informative=4, n_classes=4, random_state=0)
     X = X.astype(np.float32)
@@ -401,9 +401,9 @@ def test_an_output_of_four_axes_is_not_an_embedding():
 
 
 def test_a_study_logs_the_task_check_and_rejects_by_it(store):
+    from skl2onnx import to_onnx
     from sklearn.datasets import make_classification
     from sklearn.linear_model import LogisticRegression
-    from skl2onnx import to_onnx
 
     X, y = make_classification(40, 4, n_informative=3, n_redundant=0, n_classes=3, random_state=1)
     X = X.astype(np.float32)

@@ -28,9 +28,9 @@ MODELS = ("linreg", "fusion", "gpt2-tiny")
 
 
 def _linreg() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    from skl2onnx import to_onnx
     from sklearn.datasets import load_diabetes
     from sklearn.linear_model import LinearRegression
-    from skl2onnx import to_onnx
 
     X, y = load_diabetes(return_X_y=True)
     model = to_onnx(LinearRegression().fit(X[:300], y[:300]), X[:1].astype(np.float32), target_opset=18)

@@ -7,6 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from tracker.measure.reference_runtime import run_reference
 from tracker.optimize.add_eyelike import (
     DOMAIN,
     WRONG_ADD_EYELIKE,
@@ -14,7 +15,6 @@ from tracker.optimize.add_eyelike import (
     fuse_add_eyelike,
     make_linear_model,
 )
-from tracker.measure.reference_runtime import run_reference
 
 
 @pytest.fixture(scope="module")

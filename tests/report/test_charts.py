@@ -6,10 +6,10 @@ import pandas as pd
 import plotly
 import pytest
 
-from tracker.report.charts import comparison_chart, op_views, treemap, write_html
 from tracker.profile import aggregate
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile
+from tracker.report.charts import comparison_chart, op_views, treemap, write_html
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 PROFILES = ["profile_ort_1_32.json", "profile_ort_1_16_fences.json"]

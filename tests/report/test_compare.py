@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
 from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
@@ -162,7 +163,7 @@ def test_a_run_without_attempts_names_its_nested_studies(tracking, capsys, tmp_p
 def test_the_study_runs_attempts_table_holds_the_rows_compare_reads_back(tracking, capsys, tmp_path):
     client = MlflowClient(tracking.uri)
     path = client.download_artifacts(tracking.study_run_id, "report/attempts.json", str(tmp_path))
-    logged = json.loads(open(path).read())
+    logged = json.loads(Path(path).read_text())
     logged = [dict(zip(logged["columns"], row)) for row in logged["data"]]
     code, out, _ = compare(capsys, "--study-run", tracking.study_run_id, "--json")
     assert code == 0

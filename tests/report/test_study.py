@@ -10,11 +10,10 @@ import pandas as pd
 import pytest
 from mlflow import MlflowClient
 
-from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig
-from tracker.profile import columns as C
-from tracker.store import write
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
+from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
+from tracker.profile import columns as C
 from tracker.report.rows import (
     ATTEMPT,
     ATTEMPT_COLUMNS,
@@ -36,6 +35,7 @@ from tracker.report.rows import (
     speedup_vs_baseline,
 )
 from tracker.report.study import build_study_report, write_report
+from tracker.store import write
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),

@@ -7,11 +7,11 @@ import onnxruntime as ort
 import pytest
 
 from tests.search.conftest import SENSITIVE
+from tracker.measure.ort_runtime import SessionConfig
 from tracker.measure.task_diff import task_tolerances
 from tracker.optimize import Context, get_entry
 from tracker.search.screen import check_accuracy
 from tracker.search.sensitivity import blocks_of, fallback
-from tracker.measure.ort_runtime import SessionConfig
 
 TOLERANCES = task_tolerances("regression")
 

@@ -19,8 +19,8 @@ from tracker import Study
 from tracker.errors import TrackingServerError
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.record import AttemptRecord, find_records, find_summaries, save_record
-from tracker.store import connect
 from tracker.server import LocalTrackingServer
+from tracker.store import connect
 
 SECRET = "s3cr3t-Probe-Pw"
 STUDY = """

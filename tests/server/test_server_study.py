@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlflow
 import numpy as np
 from log_study import FAST
@@ -50,4 +52,4 @@ def test_a_crashing_attempt_is_a_failed_run_on_the_server_and_the_study_goes_on(
     assert runs["broken"].data.tags["mlflow.parentRunId"] == runs["with-crash"].info.run_id
     assert runs["with-crash"].info.status == "FINISHED" and runs["baseline"].info.status == "FINISHED"
     error_file = server_client.download_artifacts(runs["broken"].info.run_id, "error.txt", str(tmp_path))
-    assert "garbage.onnx" in open(error_file).read()
+    assert "garbage.onnx" in Path(error_file).read_text()

@@ -11,11 +11,11 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import FAST_SPEEDUP
 from tests.studies.test_studies import artifact_paths, mlflow_run
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.lm_diff import LOGITS_FP32
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS
-from tests.conftest import FAST_SPEEDUP
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -192,9 +192,10 @@ def test_a_past_longer_than_the_model_holds_is_refused_before_anything_is_export
 
 
 def test_the_command_line_chooses_scenarios_and_past_lengths():
+    import argparse
+
     from experiments.gpt2 import add_gpt2_args, gpt2_config
     from tracker.experiment_args import add_measure_args
-    import argparse
 
     parser = argparse.ArgumentParser()
     add_measure_args(parser)

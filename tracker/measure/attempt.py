@@ -264,7 +264,7 @@ def measure_attempt(
         for label, extra in latency_feeds.items():
             logger.info("attempt %s: timing %s", attempt.name, label)
             run(extra)
-            result.latencies[label] = time_runs(lambda: run(extra), config.timing)
+            result.latencies[label] = time_runs(lambda extra=extra: run(extra), config.timing)
     run = None  # free this session before the next ones: a GPT-2 session holds ~1 GB
     if baseline is not None:
         logger.info("attempt %s: timing against %s in %d rounds", attempt.name, baseline.name, config.speedup.rounds)

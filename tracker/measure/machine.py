@@ -195,9 +195,9 @@ def _memory_gbps(nbytes: int, runs: int, threads: int) -> tuple[float, float]:
         bounds = np.linspace(0, source.size, count + 1).astype(int)
         parts = list(zip(bounds[:-1], bounds[1:]))
         with ThreadPoolExecutor(max_workers=count) as pool:  # numpy copies and sums without the GIL: chunks go at once
-            copy = min(copy, _best_seconds(lambda: list(pool.map(
+            copy = min(copy, _best_seconds(lambda parts=parts: list(pool.map(
                 lambda p: np.copyto(target[p[0]:p[1]], source[p[0]:p[1]]), parts)), runs=runs)[0])
-            read = min(read, _best_seconds(lambda: list(pool.map(lambda p: source[p[0]:p[1]].sum(), parts)),
+            read = min(read, _best_seconds(lambda parts=parts: list(pool.map(lambda p: source[p[0]:p[1]].sum(), parts)),
                                            runs=runs)[0])
     return 2.0 * source.nbytes / copy / 1e9, source.nbytes / read / 1e9
 

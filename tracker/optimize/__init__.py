@@ -14,8 +14,17 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize import add_eyelike, attention_fusion, fp16, int8, ort_optimizer, session_levels
-from tracker.optimize import int4, int8_static, session_options
+from tracker.optimize import (
+    add_eyelike,
+    attention_fusion,
+    fp16,
+    int4,
+    int8,
+    int8_static,
+    ort_optimizer,
+    session_levels,
+    session_options,
+)
 from tracker.optimize.base import KINDS, Candidate, Context, Entry, EntryError, ModelInfo
 from tracker.optimize.chain import SEPARATOR, Chain
 

@@ -10,8 +10,8 @@ from tracker.optimize.base import (
     FunctionEntry,
     needs_external_data,
     ort_fused_counts,
-    prepare_output,
     ort_transformer,
+    prepare_output,
 )
 from tracker.optimize.ort_optimizer import (
     BASIC_OPT_LEVEL,

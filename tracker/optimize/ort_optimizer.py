@@ -13,8 +13,8 @@ from tracker.optimize.base import (
     info_source,
     needs_external_data,
     ort_fused_counts,
-    prepare_output,
     ort_transformer,
+    prepare_output,
 )
 
 logger = logging.getLogger(__name__)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 import re
+from typing import Literal
 
 import numpy as np
 import pandas as pd

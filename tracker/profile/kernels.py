@@ -211,6 +211,6 @@ def gather(batches: Iterable[tuple[list[AnyEvent], bool]]) -> tuple[KernelColumn
         ProfileFormatError: as the batches do.
     """
     columns, truncated = KernelColumns(), False
-    for events, truncated in batches:
+    for events, truncated in batches:  # noqa: B007 (the last batch's flag is the answer)
         columns.add(events)
     return columns, truncated

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracker.profile import columns as C
 from tracker.errors import ProfileFormatError
-from tracker.profile.kernels import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
+from tracker.profile import columns as C
 from tracker.profile.events import decode_events, empty_message
+from tracker.profile.kernels import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
 from tracker.profile.stream import event_commas, iter_blocks, iter_event_batches, iter_mapped_batches
 from tracker.profile.worker import Worker
 
@@ -231,7 +231,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
     while True:
         with _gc_paused():
             columns, truncated = KernelColumns(), False
-            for events, truncated in itertools.islice(batches, blocks_per_chunk):
+            for events, truncated in itertools.islice(batches, blocks_per_chunk):  # noqa: B007 (the last batch's)
                 columns.add(events)
             if not columns.trace_events and not truncated:
                 return

@@ -12,8 +12,8 @@ from pathlib import Path
 import msgspec
 
 from tracker.errors import ProfileFormatError
-from tracker.profile.json_commas import ListCommas
 from tracker.profile.events import AnyEvent, decode_events, decode_list, empty_message, malformed_at, malformed_message
+from tracker.profile.json_commas import ListCommas
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _OPEN, _COMMA, _CLOSE, _BLANKS = ord("["), ord(","), ord("]"), b" \t\r\n"

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from tracker.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
 from tracker.measure.graph_stats import DELTA, diff_graphs
 from tracker.measure.speedup import BASELINE_SPEEDUP, Speedup
-from tracker.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
 from tracker.profile import columns as C
 from tracker.profile.columns import OP_TYPE  # also the first column of the wide tables (op type x attempt)
 

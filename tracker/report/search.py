@@ -11,7 +11,7 @@ import pandas as pd
 
 from tracker.report.page import write_page
 from tracker.report.rows import AttemptRow
-from tracker.report.study import _CSS, _frame_html, _e
+from tracker.report.study import _CSS, _e, _frame_html
 
 # The task metric the Pareto chart plots, in the order looked for, and whether larger is better.
 TASK_METRICS = (("diff.cosine_min", True), ("diff.top1_agreement", True), ("diff.kl_divergence", False),

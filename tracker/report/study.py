@@ -15,7 +15,6 @@ from tracker.measure import roofline as R
 from tracker.measure.speedup import describe
 from tracker.report.charts import roofline_chart
 from tracker.report.page import write_page
-from tracker.report.scenarios import generation_table, roof_sentences, scenarios_table
 from tracker.report.rows import (
     BEST,
     COSINE,
@@ -39,6 +38,7 @@ from tracker.report.rows import (
     attempt_labels,
     report_tables,
 )
+from tracker.report.scenarios import generation_table, roof_sentences, scenarios_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

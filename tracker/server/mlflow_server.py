@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -108,20 +109,16 @@ class LocalMlflowServer:
         if not self.running:
             return
         self._proc.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self._proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
         self.kill()
 
     def kill(self) -> None:
         """Takes the server down abruptly (SIGKILL to its whole process group), as a crash would."""
         if self._proc is None:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._proc.wait()
 
 

@@ -22,16 +22,16 @@ import pandas as pd
 from mlflow.data.meta_dataset import MetaDataset
 
 from tracker.keys import (
-    ROLE_CANDIDATE,
     NO_BEST,
     ROLE_ATTEMPT,
+    ROLE_CANDIDATE,
     ROLE_STUDY,
     STATUS_FAILED,
-    TAG_NOT_LOGGED,
     TAG_ATTEMPT,
     TAG_BEST,
     TAG_ERROR,
     TAG_MODEL_FORMAT,
+    TAG_NOT_LOGGED,
     TAG_ROLE,
     TAG_RUNTIME,
     TAG_STATUS,

@@ -19,10 +19,10 @@ ATTEMPTS = ("ort_opt_disabled", "ort_opt_enabled")
 def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
         session: SessionConfig | None = None) -> Study:
     """Trains the model, converts it with skl2onnx and logs the baseline and the session attempts."""
+    from skl2onnx import to_onnx
     from sklearn.datasets import load_diabetes
     from sklearn.linear_model import LinearRegression
     from sklearn.model_selection import train_test_split
-    from skl2onnx import to_onnx
 
     X, y = load_diabetes(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=11)
