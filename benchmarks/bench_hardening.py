@@ -25,8 +25,8 @@ from synth_profile import _profile_text, gpt2_graph
 
 _CHILD = """
 import sys, time
-from tracker.errors import ProfileFormatError
-from tracker.measure.memory import peak_rss_bytes
+from tracker.base.errors import ProfileFormatError
+from tracker.base.memory import peak_rss_bytes
 from tracker.profile.parse import parse_profile
 before, start = peak_rss_bytes(), time.perf_counter()
 try:

@@ -37,7 +37,7 @@ _LABELS = {name: label for name, _, label in _METHODS}
 
 def check_profile(path: Path, *, kernel_events: int | None, runs: int | None) -> tuple[int, int]:
     """Parses the file with the tracker and fails loudly if it does not hold what was written."""
-    from tracker.errors import ProfileFormatError
+    from tracker.base.errors import ProfileFormatError
     from tracker.profile import columns as C
     from tracker.profile.parse import parse_profile
 
@@ -152,7 +152,7 @@ def compare_straightforward(path: Path) -> bool:
 
 
 def _peak_rss_mb() -> float:
-    from tracker.measure.memory import peak_rss_bytes  # VmHWM, this process's own peak
+    from tracker.base.memory import peak_rss_bytes  # VmHWM, this process's own peak
 
     peak = peak_rss_bytes()
     if peak:

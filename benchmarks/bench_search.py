@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 
 from tracker.api import Study
-from tracker.measure.feeds import make_feeds
-from tracker.measure.task_diff import task_tolerances
+from tracker.measure.accuracy.task_diff import task_tolerances
+from tracker.measure.inputs.feeds import make_feeds
 from tracker.optimize.model_info import detect
 from tracker.report.rows import pick_best, rows_from_results
 from tracker.search import SearchConfig

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from calibration import with_extra_work
 
 from tracker.measure.attempt import Attempt, time_against
-from tracker.measure.calibration import with_extra_work
 from tracker.measure.environment import huge_pages, with_huge_pages
-from tracker.measure.ort_runtime import SessionConfig, make_session
-from tracker.measure.speedup import SpeedupConfig
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
+from tracker.measure.timing.speedup import SpeedupConfig
 
 MODELS = ("linreg", "fusion", "gpt2-tiny", "gpt2-small")
 

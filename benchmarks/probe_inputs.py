@@ -27,7 +27,7 @@ QUICK_OPTIMIZE = ["--profile-runs", "2", "--min-runs", "2", "--min-seconds", "0"
 _PEAK_CHILD = """
 import sys
 from tracker.cli import main
-from tracker.measure.memory import peak_rss_bytes
+from tracker.base.memory import peak_rss_bytes
 code = main(sys.argv[1:])
 print(f"peak_mib {peak_rss_bytes() / 2**20:.0f}", file=sys.stderr)
 sys.exit(code)

@@ -3,7 +3,7 @@ ones, two uploads at once, a file as the outbox) and signals (Ctrl-C while ./mlf
 in a weakref callback).
 
 Each case works from outside, on a sqlite store in an empty folder, through `python -m tracker` (or a `python -c`
-child), and returns (held, one-line observation). Records are written with `tracker.record.save_record`, whose
+child), and returns (held, one-line observation). Records are written with `tracker.run.record.save_record`, whose
 format has not changed, so the cases run against an older checkout too (PYTHONPATH).
 """
 
@@ -65,7 +65,7 @@ def _forest() -> onnx.ModelProto:
 
 def _keep(tmp: Path, name: str, model: onnx.ModelProto, **fields) -> Path:
     """A record in `tmp/outbox`, as a study's process keeps it when the store does not take it."""
-    from tracker.record import AttemptRecord, save_record
+    from tracker.run.record import AttemptRecord, save_record
 
     work = tmp / "work" / name
     work.mkdir(parents=True)
@@ -174,7 +174,7 @@ def _migrating(folder: Path) -> bool:
 
 _SWALLOWED = """
 import os, signal, weakref
-from tracker.termination import sigterm_as_exit
+from tracker.base.termination import sigterm_as_exit
 class Pooled:
     pass
 def on_collect(_):

@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tracker.base.termination import handle_sigterm
 from tracker.experiment_args import add_measure_args, measure_config, session_config, setup_logging
-from tracker.measure.generation import GenerationConfig
+from tracker.measure.generation.generation import GenerationConfig
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, SCENARIOS, GPT2StudyConfig, run_gpt2_study
-from tracker.termination import handle_sigterm
 
 
 def add_gpt2_args(parser: argparse.ArgumentParser) -> None:

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from tracker.base.termination import handle_sigterm
 from tracker.experiment_args import add_measure_args, measure_config, session_config, setup_logging
 from tracker.studies import linreg
-from tracker.termination import handle_sigterm
 
 
 def run(args: argparse.Namespace):

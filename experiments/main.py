@@ -12,10 +12,10 @@ import fusion  # noqa: E402
 import gpt2  # noqa: E402
 import linreg  # noqa: E402
 
+from tracker.base.keys import TAG_ROLE  # noqa: E402
+from tracker.base.termination import handle_sigterm  # noqa: E402
 from tracker.experiment_args import add_measure_args, setup_logging  # noqa: E402
-from tracker.keys import TAG_ROLE  # noqa: E402
 from tracker.store import connect, write  # noqa: E402
-from tracker.termination import handle_sigterm  # noqa: E402
 
 STUDIES = {"linreg": linreg.run, "fusion": fusion.run, "gpt2": gpt2.run}
 

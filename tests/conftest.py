@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from tracker.measure.speedup import SpeedupConfig
+from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.optimize.add_eyelike import make_linear_model
 
 # The least interleaved timing that still gives an interval, for tests that do not check the speed-up.

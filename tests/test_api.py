@@ -13,7 +13,7 @@ from mlflow import MlflowClient
 import tracker
 from tests.conftest import FAST_SPEEDUP
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
-from tracker.settings import resolve_tracking_uri
+from tracker.base.settings import resolve_tracking_uri
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
@@ -114,7 +114,7 @@ def test_an_attempt_that_fails_before_measuring_is_kept_in_the_outbox_when_the_s
 ):
     import sqlite3
 
-    from tracker.record import find_records, load_record
+    from tracker.run.record import find_records, load_record
 
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
@@ -129,8 +129,8 @@ def test_an_attempt_that_fails_before_measuring_is_kept_in_the_outbox_when_the_s
 
 
 def test_a_large_raw_profile_is_logged_gzip_compressed_and_still_parses(store, model, feeds, tmp_path, monkeypatch):
-    from tracker import run_content
     from tracker.profile.parse import parse_profile
+    from tracker.run import content as run_content
 
     monkeypatch.setattr(run_content, "GZIP_ABOVE_BYTES", 1000)  # this small model's profile is ~10 KB
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:

@@ -1,134 +1,66 @@
-"""The architecture, checked: only `tracker/store/` imports MLflow (everything else is testable without a
-tracking store), and no two modules of the library import each other, directly or around a loop."""
+"""The architecture, checked by import-linter's contracts in pyproject.toml: the layers (a package imports only
+from below), only `tracker/store/` imports MLflow, and no import cycles between siblings. Each contract is
+shown to fail on the import it forbids, in a copy of the library. Then the size limits: no module over 400
+lines and no package with more than 12 modules."""
 
 from __future__ import annotations
 
-import ast
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-STORE = ROOT / "tracker" / "store"
-CHECKED = ("tracker", "experiments")
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+MAX_MODULE_LINES = 400
+MAX_PACKAGE_MODULES = 12
 
 
-def mlflow_imports(source: str, filename: str) -> list[tuple[int, str]]:
-    """(line, statement) of every import of `mlflow` or a submodule of it, at any depth (functions too)."""
-    found = []
-    for node in ast.walk(ast.parse(source, filename=filename)):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        if any(name == "mlflow" or name.startswith("mlflow.") for name in names):
-            found.append((node.lineno, ast.unparse(node)))
-    return found
+def lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """`lint-imports` on the library under `root`, with `root`'s pyproject.toml."""
+    return subprocess.run([str(LINT_IMPORTS), str(root / "pyproject.toml"), "--no-cache"],
+                          cwd=root, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin", "COLUMNS": "400"},
+                          capture_output=True, text=True, timeout=300)
 
 
-def modules_outside_the_store() -> list[Path]:
-    paths = sorted(p for folder in CHECKED for p in (ROOT / folder).rglob("*.py"))
-    return [p for p in paths if STORE not in p.parents]
+def test_the_import_contracts_hold():
+    result = lint_imports(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
-    ("source", "expected"),
+    ("module", "line", "broken"),
     [
-        pytest.param("import mlflow\n", [1], id="import mlflow"),
-        pytest.param("import os, mlflow.tracking as t\n", [1], id="a submodule among others"),
-        pytest.param("from mlflow import MlflowClient\n", [1], id="from mlflow"),
-        pytest.param("def f():\n    from mlflow.entities import Run\n", [2], id="inside a function"),
-        pytest.param("import mlflow_like\nfrom tracker.store import write\nfrom . import mlflow\n", [],
-                     id="other modules of similar names"),
+        pytest.param("base/errors.py", "import tracker.api\n", "Layers of the library", id="base imports api"),
+        pytest.param("profile/columns.py", "def f():\n    from tracker.measure.attempt import Attempt\n",
+                     "Layers of the library", id="a function-level import up a layer"),
+        pytest.param("measure/timing/latency.py", "from tracker.measure.runtimes import ort_runtime\n",
+                     "Layers of measure/", id="timing imports runtimes"),
+        pytest.param("report/page.py", "import mlflow\n", "Only tracker.store talks to MLflow", id="report imports mlflow"),
+        pytest.param("optimize/ort_optimizer.py", "from tracker.optimize import fp16\n", "No import cycles",
+                     id="a cycle between siblings"),
     ],
 )
-def test_the_check_finds_every_form_of_an_mlflow_import(source, expected):
-    assert [line for line, _ in mlflow_imports(source, "example.py")] == expected
+def test_an_added_import_breaks_its_contract(tmp_path, module, line, broken):
+    shutil.copytree(ROOT / "tracker", tmp_path / "tracker", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    path = tmp_path / "tracker" / module
+    path.write_text(path.read_text() + "\n" + line)
+    result = lint_imports(tmp_path)
+    assert result.returncode != 0
+    verdicts = [line for line in result.stdout.splitlines() if line.endswith((" KEPT", " BROKEN"))]
+    assert len(verdicts) == 4, result.stdout
+    assert any(line.startswith(broken) and line.endswith(" BROKEN") for line in verdicts), result.stdout
 
 
-def test_no_module_outside_tracker_store_imports_mlflow():
-    modules = modules_outside_the_store()
-    assert len(modules) > 20  # the walk found the library, not an empty folder
-    offenders = [
-        f"{path.relative_to(ROOT)}:{line}: {statement}"
-        for path in modules
-        for line, statement in mlflow_imports(path.read_text(encoding="utf-8"), str(path))
-    ]
-    assert not offenders, (
-        "only tracker/store/ may import mlflow; move the MLflow call into a store function:\n" + "\n".join(offenders)
-    )
-
-
-def library_imports(root: Path = ROOT) -> dict[str, set[str]]:
-    """Module -> the library modules it imports, at any depth (imports inside functions count too)."""
-    modules = {_module_name(p, root): p for p in (root / "tracker").rglob("*.py")}
-    graph = {}
-    for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:  # relative: resolved against this module's package
-                    parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    base = ".".join(parts + ([base] if base else []))
-                targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
-            else:
-                continue
-            found |= {t for t in targets if t in modules and t != name}
-        graph[name] = found
-    return graph
-
-
-def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The groups of modules that import each other around a loop (strongly connected, more than one)."""
-    order, low, stack, on_stack, cycles = {}, {}, [], set(), []
-
-    def visit(module: str) -> None:
-        order[module] = low[module] = len(order)
-        stack.append(module)
-        on_stack.add(module)
-        for target in sorted(graph[module]):
-            if target not in order:
-                visit(target)
-                low[module] = min(low[module], low[target])
-            elif target in on_stack:
-                low[module] = min(low[module], order[target])
-        if low[module] == order[module]:
-            group = []
-            while not group or group[-1] != module:
-                group.append(stack.pop())
-                on_stack.discard(group[-1])
-            if len(group) > 1:
-                cycles.append(sorted(group))
-
-    for module in sorted(graph):
-        if module not in order:
-            visit(module)
-    return cycles
-
-
-def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def test_the_cycle_check_finds_a_loop_through_a_function_level_import(tmp_path):
-    package = tmp_path / "tracker"
-    (package / "report").mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "report" / "__init__.py").write_text("")
-    (package / "report" / "rows.py").write_text("def f():\n    from tracker.report.page import g\n")
-    (package / "report" / "page.py").write_text("from . import rows\n")
-    (package / "keys.py").write_text("import tracker.report.rows\n")
-    assert import_cycles(library_imports(tmp_path)) == [["tracker.report.page", "tracker.report.rows"]]
-
-
-def test_the_library_has_no_import_cycles():
-    graph = library_imports()
-    assert len(graph) > 40 and graph["tracker.api"]  # the walk found the library and its imports
-    assert not import_cycles(graph), "modules that import each other (move the shared part down a layer)"
+def test_no_module_is_over_400_lines_and_no_package_holds_more_than_12_modules():
+    library = ROOT / "tracker"
+    long = {str(p.relative_to(ROOT)): n for p in library.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by concern): {long}"
+    crowded = {str(d.relative_to(ROOT)): n for d in [library, *library.rglob("*")] if d.is_dir()
+               and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_PACKAGE_MODULES}
+    assert not crowded, f"packages with more than {MAX_PACKAGE_MODULES} modules (split them): {crowded}"

@@ -12,8 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from tracker.base.model_io import load_model
 from tracker.cli import main
-from tracker.measure.model_io import load_model
 from tracker.optimize.add_eyelike import make_linear_model
 
 COMMANDS = ["inspect", "profile"]

@@ -18,7 +18,7 @@ import pytest
 import tracker.api
 from tests.test_bad_input import assert_one_line_error, run_cli, run_names
 from tracker.api import Study
-from tracker.keys import MAX_EXPERIMENT_NAME_LENGTH
+from tracker.base.keys import MAX_EXPERIMENT_NAME_LENGTH
 from tracker.optimize.add_eyelike import make_linear_model
 
 FIXTURES = Path(__file__).parent / "fixtures"

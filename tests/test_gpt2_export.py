@@ -9,11 +9,11 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tracker.errors import FeedError, ModelError  # noqa: E402
+from tracker.base.errors import FeedError, ModelError  # noqa: E402
 from tracker.gpt2.export import EXPORTERS, ExportResult, export_gpt2, verify_export  # noqa: E402
 from tracker.gpt2.model import SIZES, LoadedGPT2, load_gpt2  # noqa: E402
 from tracker.gpt2.tokens import feeds_for, make_tokens, tokenize  # noqa: E402
-from tracker.measure.ort_runtime import SessionConfig, make_session  # noqa: E402
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Tests of tracker.keys: every derived metric key passes MLflow's own validator; file names are safe."""
+"""Tests of tracker.base.keys: every derived metric key passes MLflow's own validator; file names are safe."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.utils.validation import _validate_metric
 
-from tracker.keys import MAX_KEY_LENGTH, metric_keys, safe_filename, sanitize_key
+from tracker.base.keys import MAX_KEY_LENGTH, metric_keys, sanitize_key
 
 NAMES = [
     pytest.param("/transformer/h.0/attn/MatMul", id="torch-export-path"),
@@ -114,29 +114,6 @@ def test_metric_keys_of_long_names_that_differ_at_the_end_do_not_collide():
 
 
 FILE_NAMES = [*NAMES, pytest.param("...", id="three-dots"), pytest.param("a/b\\c", id="both-separators")]
-
-
-@pytest.mark.parametrize("name", FILE_NAMES)
-def test_safe_filename_is_one_path_component(name):
-    result = safe_filename(name)
-    assert "/" not in result and "\\" not in result
-    assert result not in ("", ".", "..")
-    assert not result.startswith(".")
-    assert len(result) <= 100
-
-
-@pytest.mark.parametrize("max_length", [20, 50])
-def test_safe_filename_honours_max_length(max_length):
-    assert len(safe_filename("x" * 300, max_length=max_length)) == max_length
-
-
-def test_safe_filenames_of_names_that_differ_only_in_separators_do_not_collide():
-    names = ["a/b", "a\\b", "a_b", "a:b", "a b"]
-    assert len({safe_filename(n) for n in names}) == len(names)
-
-
-def test_safe_filename_keeps_a_plain_name():
-    assert safe_filename("summary_by_op.csv") == "summary_by_op.csv"
 
 
 def test_every_pair_of_listed_names_gets_distinct_keys():

@@ -14,7 +14,7 @@ from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
 from tracker.optimize.add_eyelike import make_linear_model
-from tracker.record import find_records
+from tracker.run.record import find_records
 from tracker.server import LocalMlflowServer
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
@@ -75,8 +75,8 @@ def test_attempts_measured_after_the_server_died_are_kept_and_uploaded_later(
 def test_an_outage_midway_through_an_upload_keeps_the_rest_and_the_next_upload_makes_one_run_each(
     server, tmp_path, monkeypatch, capsys
 ):
-    from tracker.record import AttemptRecord, save_record
-    from tracker.store import upload
+    from tracker import upload
+    from tracker.run.record import AttemptRecord, save_record
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
     for name in "abc":

@@ -17,9 +17,9 @@ import onnx
 import pytest
 
 from tracker import log_attempt
+from tracker.base.termination import EXIT_CODE, Terminated, sigterm_as_exit
 from tracker.cli import main
 from tracker.optimize.add_eyelike import make_linear_model
-from tracker.termination import EXIT_CODE, Terminated, sigterm_as_exit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,7 +89,7 @@ def test_a_half_built_default_store_gets_advice_that_fits_it(tmp_path, monkeypat
 
 _SWALLOWED = """
 import os, signal, weakref
-from tracker.termination import sigterm_as_exit
+from tracker.base.termination import sigterm_as_exit
 
 class Pooled:
     pass

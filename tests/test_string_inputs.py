@@ -15,10 +15,10 @@ from onnx import TensorProto, helper
 from tests.conftest import new_sqlite_store
 from tracker.api import log_attempt
 from tracker.cli import main
+from tracker.measure.accuracy.output_diff import FP32
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.feeds import StringKeys, feed_rules, make_feeds, string_keys
-from tracker.measure.latency import TimingConfig
-from tracker.measure.output_diff import FP32
+from tracker.measure.inputs.feeds import StringKeys, feed_rules, make_feeds, string_keys
+from tracker.measure.timing.latency import TimingConfig
 
 WORDS = ["red", "green", "blue"]
 QUICK = MeasureConfig(profile_runs=2, skip_runs=1, timing=TimingConfig(min_runs=5, min_seconds=0))

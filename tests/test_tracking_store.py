@@ -15,8 +15,8 @@ import onnx
 import pytest
 
 from tests.conftest import child_env
+from tracker.base.errors import TrackingServerError
 from tracker.cli import main
-from tracker.errors import TrackingServerError
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.store import connect
 

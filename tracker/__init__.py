@@ -1,6 +1,6 @@
 """Make ONNX model optimization measurable: every attempt becomes an MLflow run you can compare."""
 
-from tracker.lazy import lazy_getattr
+from tracker.base.lazy import lazy_getattr
 
 # Public names and their modules, imported on first use so `tracker summarize` does not pay for
 # importing MLflow.
@@ -10,17 +10,17 @@ _EXPORTS = {
     "Attempt": "tracker.measure.attempt",
     "AttemptResult": "tracker.measure.attempt",
     "MeasureConfig": "tracker.measure.attempt",
-    "TimingConfig": "tracker.measure.latency",
-    "SessionConfig": "tracker.measure.ort_runtime",
-    "Tolerance": "tracker.measure.output_diff",
-    "EXACT": "tracker.measure.output_diff",
-    "FP32": "tracker.measure.output_diff",
-    "FP16": "tracker.measure.output_diff",
-    "INT8": "tracker.measure.output_diff",
+    "TimingConfig": "tracker.measure.timing.latency",
+    "SessionConfig": "tracker.measure.runtimes.ort_runtime",
+    "Tolerance": "tracker.measure.accuracy.output_diff",
+    "EXACT": "tracker.measure.accuracy.output_diff",
+    "FP32": "tracker.measure.accuracy.output_diff",
+    "FP16": "tracker.measure.accuracy.output_diff",
+    "INT8": "tracker.measure.accuracy.output_diff",
     "parse_profile": "tracker.profile.parse",
     "summarize": "tracker.profile.aggregate",
     "diff_summaries": "tracker.profile.aggregate",
-    "compare_outputs": "tracker.measure.output_diff",
+    "compare_outputs": "tracker.measure.accuracy.output_diff",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -15,28 +15,28 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker import run_content
-from tracker.artifacts import write_attempt_artifacts
-from tracker.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
+from tracker.base.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
+from tracker.base.memory import release_free_memory
+from tracker.base.model_io import load_model
+from tracker.base.steps import StepTimes
+from tracker.base.termination import Terminated, received, reraise_if_received, sigterm_as_exit
+from tracker.measure.accuracy.output_diff import TOLERANCES
+from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name, measure_attempt
-from tracker.measure.machine import MachinePeaks, measure_machine
-from tracker.measure.memory import release_free_memory
-from tracker.measure.model_io import load_model
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.output_diff import TOLERANCES
-from tracker.measure.roofline import Roofline
-from tracker.measure.speedup import verdict
-from tracker.measure.steps import StepTimes
-from tracker.measure.task_diff import TaskTolerance, tolerance_for
+from tracker.measure.costmodel.machine import MachinePeaks, measure_machine
+from tracker.measure.costmodel.roofline import Roofline
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.timing.speedup import verdict
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo, get_entry
-from tracker.record import AttemptRecord, check_outbox, outbox_root, save_record, save_summary
 from tracker.report.rows import pick_best, rows_from_results, runtime_baselines, study_counts
 from tracker.report.scenarios import scenario_bests, scenario_tags
 from tracker.report.search import build_search_report
 from tracker.report.study import build_study_report
+from tracker.run import content as run_content
+from tracker.run.artifacts import write_attempt_artifacts
+from tracker.run.record import AttemptRecord, check_outbox, outbox_root, save_record, save_summary
 from tracker.search import SearchConfig, SearchResult, run_search
 from tracker.store import connect, faults, write
-from tracker.termination import Terminated, received, reraise_if_received, sigterm_as_exit
 
 logger = logging.getLogger(__name__)
 
@@ -448,7 +448,7 @@ def run_attempt(
     of the attempt's roofline (`Study.machine`); None outside a study.
     Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
     error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
-    record is kept in the outbox (`tracker.record.outbox_root()`) and the log says how to upload it.
+    record is kept in the outbox (`tracker.run.record.outbox_root()`) and the log says how to upload it.
     """
     parent_run_id, experiment_id = write.current_ids()
     record = AttemptRecord(attempt.name, study, attempt.runtime, parent_run_id=parent_run_id,

@@ -8,10 +8,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from tracker.errors import TrackerError
-from tracker.redaction import redact
-from tracker.terminal import printable
-from tracker.termination import EXIT_CODE, received, sigterm_as_exit
+from tracker.base.errors import TrackerError
+from tracker.base.redaction import redact
+from tracker.base.terminal import printable
+from tracker.base.termination import EXIT_CODE, received, sigterm_as_exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,9 +120,9 @@ def _add_optimize_parser(sub) -> None:
 def _optimize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from tracker.base.keys import check_experiment_name
+    from tracker.compare import format_table
     from tracker.experiment_args import measure_config, session_config
-    from tracker.keys import check_experiment_name
-    from tracker.report.compare import format_table
     from tracker.search import parse_budget
     from tracker.studies import own
 
@@ -173,7 +173,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _add_compare_parser(sub) -> None:
-    from tracker.report.compare import PASS_RULE
+    from tracker.compare import PASS_RULE
 
     c = sub.add_parser(
         "compare", help="print a study's attempts side by side; exit 1 if a --require'd attempt did not pass",
@@ -197,7 +197,7 @@ def _add_compare_parser(sub) -> None:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from tracker.report import compare
+    from tracker import compare
     from tracker.report.study import write_report
     from tracker.store import connect
 
@@ -226,9 +226,10 @@ def _compare(args: argparse.Namespace) -> int:
 def _upload(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from tracker.record import outbox_root
-    from tracker.redaction import redact_uri
-    from tracker.store import connect, upload
+    from tracker import upload
+    from tracker.base.redaction import redact_uri
+    from tracker.run.record import outbox_root
+    from tracker.store import connect
 
     folder = Path(args.folder) if args.folder else outbox_root()
     if not upload.has_pending(folder):
@@ -308,13 +309,13 @@ def _table(summary) -> str:
 
 def _profile(args: argparse.Namespace) -> int:
     from tracker.api import log_attempt
-    from tracker.keys import check_experiment_name
+    from tracker.base.keys import check_experiment_name
+    from tracker.base.model_io import check_ort_ops, load_model
     from tracker.measure.attempt import MeasureConfig
-    from tracker.measure.feed_files import load_feeds
-    from tracker.measure.feeds import make_feeds
-    from tracker.measure.latency import TimingConfig
-    from tracker.measure.model_io import check_ort_ops, load_model
-    from tracker.measure.ort_runtime import SessionConfig
+    from tracker.measure.inputs.feed_files import load_feeds
+    from tracker.measure.inputs.feeds import make_feeds
+    from tracker.measure.runtimes.ort_runtime import SessionConfig
+    from tracker.measure.timing.latency import TimingConfig
     from tracker.studies.own import default_name
 
     if args.experiment:
@@ -353,9 +354,9 @@ def _profile(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tracker.measure import reference_runtime as ref
-    from tracker.measure.feeds import make_feeds
-    from tracker.measure.model_io import load_model
+    from tracker.base.model_io import load_model
+    from tracker.measure.inputs.feeds import make_feeds
+    from tracker.measure.runtimes import reference_runtime as ref
 
     model = load_model(args.model)
     feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)

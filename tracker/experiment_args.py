@@ -6,11 +6,11 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
-from tracker.measure.speedup import MIN_ROUNDS, SpeedupConfig
+from tracker.measure.timing.speedup import MIN_ROUNDS, SpeedupConfig
 
 if TYPE_CHECKING:  # imported where used: `tracker` (the CLI) parses these options and must start fast
     from tracker.measure.attempt import MeasureConfig
-    from tracker.measure.ort_runtime import SessionConfig
+    from tracker.measure.runtimes.ort_runtime import SessionConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
 
@@ -36,7 +36,7 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
     """The `MeasureConfig` the parsed options describe."""
     from tracker.measure.attempt import MeasureConfig
-    from tracker.measure.latency import TimingConfig
+    from tracker.measure.timing.latency import TimingConfig
 
     timing = TimingConfig(min_runs=args.min_runs, min_seconds=args.min_seconds)
     speedup = SpeedupConfig(rounds=args.speedup_rounds, seconds=args.speedup_seconds)
@@ -45,7 +45,7 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
 
 def session_config(args: argparse.Namespace) -> SessionConfig:
     """The `SessionConfig` of the thread option (0 keeps the core-count default)."""
-    from tracker.measure.ort_runtime import SessionConfig
+    from tracker.measure.runtimes.ort_runtime import SessionConfig
 
     return SessionConfig(intra_op_num_threads=args.threads) if args.threads else SessionConfig()
 

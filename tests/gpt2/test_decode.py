@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 from tracker.gpt2.decode import DECODE_ATOL, DecoderExport, export_decoder, verify_decoder  # noqa: E402
 from tracker.gpt2.model import SIZES, LoadedGPT2, load_gpt2  # noqa: E402
 from tracker.gpt2.tokens import make_tokens  # noqa: E402
-from tracker.measure.generation import DecoderSession, past_names  # noqa: E402
-from tracker.measure.ort_runtime import SessionConfig  # noqa: E402
+from tracker.measure.generation.generation import DecoderSession, past_names  # noqa: E402
+from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
 
 TINY = SIZES["tiny"]
 HEAD_DIM = TINY["n_embd"] // TINY["n_head"]

@@ -16,9 +16,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.measure.cpu_load import DISTURBED_LOAD, CpuLoad, watch_cpu_load
-from tracker.measure.speedup import SpeedupConfig
-from tracker.report.compare import format_table, load_comparison
+from tracker.compare import format_table, load_comparison
+from tracker.measure.timing.cpu_load import DISTURBED_LOAD, CpuLoad, watch_cpu_load
+from tracker.measure.timing.speedup import SpeedupConfig
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.feed_files: what a feeds file may hold is checked from its headers before any data is
+"""Tests of tracker.measure.inputs.feed_files: what a feeds file may hold is checked from its headers before any data is
 read (names, dtypes, shapes, memory), and unicode arrays feed string inputs without unpickling."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from tracker.errors import FeedError
-from tracker.measure.feed_files import load_feeds
+from tracker.base.errors import FeedError
+from tracker.measure.inputs.feed_files import load_feeds
 from tracker.optimize.add_eyelike import make_linear_model
 
 HUGE = (10**12, 8)  # float32: 29.1 TiB

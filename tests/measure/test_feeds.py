@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.feeds: seeded feeds from a model's signature, and checking feeds against it."""
+"""Tests of tracker.measure.inputs.feeds: seeded feeds from a model's signature, and checking feeds against it."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tracker.errors import FeedError
-from tracker.measure.feed_files import load_feeds
-from tracker.measure.feeds import (
+from tracker.base.errors import FeedError
+from tracker.measure.inputs.feed_files import load_feeds
+from tracker.measure.inputs.feeds import (
     DEFAULT_BATCH,
     DEFAULT_SEQUENCE,
     IndexedTable,

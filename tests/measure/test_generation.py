@@ -11,14 +11,14 @@ from onnx import helper, numpy_helper
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tracker.measure import roofline as R  # noqa: E402
-from tracker.measure.generation import DecoderSession, GenerationConfig, measure_generation  # noqa: E402
-from tracker.measure.generation_check import compare_generations  # noqa: E402
-from tracker.measure.latency import TimingConfig  # noqa: E402
-from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_INT8  # noqa: E402
-from tracker.measure.machine import MachinePeaks  # noqa: E402
-from tracker.measure.ort_runtime import SessionConfig  # noqa: E402
-from tracker.measure.speedup import SpeedupConfig  # noqa: E402
+from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_INT8  # noqa: E402
+from tracker.measure.costmodel import roofline as R  # noqa: E402
+from tracker.measure.costmodel.machine import MachinePeaks  # noqa: E402
+from tracker.measure.generation.generation import DecoderSession, GenerationConfig, measure_generation  # noqa: E402
+from tracker.measure.generation.generation_check import compare_generations  # noqa: E402
+from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
+from tracker.measure.timing.latency import TimingConfig  # noqa: E402
+from tracker.measure.timing.speedup import SpeedupConfig  # noqa: E402
 
 SESSION = SessionConfig()
 FAST = GenerationConfig(

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tracker.measure import kernel_costs as K
+from tracker.measure.costmodel import kernel_costs as K
 
 
 def shapes(*tensors: tuple[str, list[int]]) -> str:

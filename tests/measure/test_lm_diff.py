@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.lm_diff: top-1 agreement, next-token KL divergence and the pass/fail bounds,
+"""Tests of tracker.measure.accuracy.lm_diff: top-1 agreement, next-token KL divergence and the pass/fail bounds,
 on small logits whose answers are known by hand."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from tracker.measure.lm_diff import (
+from tracker.measure.accuracy.lm_diff import (
     LOGITS_FP16,
     LOGITS_FP32,
     LOGITS_INT8,

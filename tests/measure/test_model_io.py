@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.model_io.load_model on real files: non-ONNX files, checker failures, valid models."""
+"""Tests of tracker.base.model_io.load_model on real files: non-ONNX files, checker failures, valid models."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from tracker.errors import ModelError
-from tracker.measure.model_io import check_model, load_model, model_bytes
+from tracker.base.errors import ModelError
+from tracker.base.model_io import check_model, load_model, model_bytes
 from tracker.optimize.add_eyelike import make_linear_model
 
 NOT_ONNX = r"not (a readable|an) ONNX model"

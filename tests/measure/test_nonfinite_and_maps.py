@@ -16,10 +16,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.measure.feeds_description import describe_feeds
-from tracker.measure.output_diff import EXACT, FP32, compare_outputs
-from tracker.measure.output_values import output_parts
-from tracker.measure.task_diff import CLASSIFICATION_TOLERANCES, task_tolerances
+from tracker.measure.accuracy.output_diff import EXACT, FP32, compare_outputs
+from tracker.measure.accuracy.output_values import output_parts
+from tracker.measure.accuracy.task_diff import CLASSIFICATION_TOLERANCES, task_tolerances
+from tracker.measure.inputs.feeds_description import describe_feeds
 from tracker.optimize.add_eyelike import make_linear_model
 
 FAST = MeasureConfig(profile_runs=2, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3,
@@ -146,7 +146,7 @@ def test_an_attempt_whose_outputs_hold_nan_where_the_baseline_does_not_is_reject
     assert "feeds.nonfinite" not in run.data.params  # finite feeds: nothing to say
     assert run.data.metrics["diff.nonfinite_mismatches"] == 3.0
     # `tracker compare` says why its max |diff| of the finite positions is not the whole story.
-    from tracker.report.compare import format_table, load_comparison
+    from tracker.compare import format_table, load_comparison
 
     table = format_table(load_comparison(study_run_id=study.run.info.run_id))
     (line,) = [line for line in table.splitlines() if "nan_bias" in line]

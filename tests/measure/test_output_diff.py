@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.output_diff.compare_outputs: tolerances, shapes, non-finite values, dtypes."""
+"""Tests of tracker.measure.accuracy.output_diff.compare_outputs: tolerances, shapes, non-finite values, dtypes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from tracker.measure.output_diff import EXACT, FP16, FP32, INT8, OutputDiff, Tolerance, compare_outputs
+from tracker.measure.accuracy.output_diff import EXACT, FP16, FP32, INT8, OutputDiff, Tolerance, compare_outputs
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.reference_runtime on a real in-memory model (EyeLike, Add, MatMul, Add)."""
+"""Tests of tracker.measure.runtimes.reference_runtime on a real in-memory model (EyeLike, Add, MatMul, Add)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pandas as pd
 import pytest
 from onnx import numpy_helper
 
-from tracker.errors import FeedError
-from tracker.measure.latency import TimingConfig
-from tracker.measure.reference_runtime import (
+from tracker.base.errors import FeedError
+from tracker.measure.runtimes.reference_runtime import (
     evaluate_node,
     profile_reference,
     run_reference,
     time_reference,
     trace_reference,
 )
+from tracker.measure.timing.latency import TimingConfig
 from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from tracker.measure import roofline as R
-from tracker.measure.machine import MachinePeaks, gemm_model, measure_machine
-from tracker.measure.ort_runtime import SessionConfig, profile_ort
+from tracker.measure.costmodel import roofline as R
+from tracker.measure.costmodel.machine import MachinePeaks, gemm_model, measure_machine
+from tracker.measure.runtimes.ort_runtime import SessionConfig, profile_ort
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile
 
@@ -197,7 +197,7 @@ def test_the_bandwidth_kernel_profiled_as_an_attempt_streams_its_weight_no_faste
     """A/A of the memory roof: the roof's own matrix-vector product (a decode step's kernel, one row times a
     weight as large as the copy), profiled as an attempt is, reads its weight once: bound by memory, its bytes the
     weight's (which ORT pre-packs out of the profile, counted back), and beyond the noise no faster than the roof."""
-    from tracker.measure.machine import gemv_model
+    from tracker.measure.costmodel.machine import gemv_model
 
     threads = SessionConfig().intra_op_num_threads
     machine = measure_machine(threads=threads, copy_mb=64)

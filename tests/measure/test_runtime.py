@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.runtime: the map from runtime names, and each runtime behind the protocol on a
+"""Tests of tracker.measure.runtimes.runtime: the map from runtime names, and each runtime behind the protocol on a
 real model (tests/conftest.py's `model` and `feeds`; real ONNX Runtime sessions, the real ReferenceEvaluator)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from tracker.measure.attempt import Attempt
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.runtime import RUNTIMES, OrtRuntime, ReferenceRuntime, get_runtime
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.runtimes.runtime import RUNTIMES, OrtRuntime, ReferenceRuntime, get_runtime
 from tracker.optimize.add_eyelike import AddEyeLike
 from tracker.profile.parse import parse_profile
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tracker.measure.speedup import (
+from tracker.measure.timing.speedup import (
     MIN_EFFECT,
     SYSTEMATIC_SE,
     Round,

@@ -1,4 +1,4 @@
-"""Tests of tracker.measure.task_diff: the accuracy check of each task (regression, classification, embedding),
+"""Tests of tracker.measure.accuracy.task_diff: the accuracy check of each task (regression, classification, embedding),
 on arrays whose answers are known by hand and on a real skl2onnx classifier run in onnxruntime."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.measure.lm_diff import LOGITS_TOLERANCES
-from tracker.measure.output_diff import INT8, TOLERANCES
-from tracker.measure.task_diff import (
+from tracker.measure.accuracy.lm_diff import LOGITS_TOLERANCES
+from tracker.measure.accuracy.output_diff import INT8, TOLERANCES
+from tracker.measure.accuracy.task_diff import (
     CLASSIFICATION_TOLERANCES,
     EMBEDDING_TOLERANCES,
     REGRESSION_TOLERANCES,

@@ -15,12 +15,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from calibration import with_extra_work  # benchmarks/calibration.py (pytest pythonpath)
 
 from tracker.measure.attempt import Attempt, time_against
-from tracker.measure.calibration import with_extra_work
-from tracker.measure.latency import TimingConfig, time_runs
-from tracker.measure.ort_runtime import SessionConfig, make_session
-from tracker.measure.speedup import SpeedupConfig
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
+from tracker.measure.timing.latency import TimingConfig, time_runs
+from tracker.measure.timing.speedup import SpeedupConfig
 
 CONFIG = SpeedupConfig(seconds=1.0)
 

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tracker.measure.lm_diff import LOGITS_TOLERANCES
-from tracker.measure.output_diff import TOLERANCES
+from tracker.measure.accuracy.lm_diff import LOGITS_TOLERANCES
+from tracker.measure.accuracy.output_diff import TOLERANCES
 from tracker.optimize import Candidate, Context, ModelInfo, apply
 from tracker.optimize.add_eyelike import make_linear_model
 

@@ -7,7 +7,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tracker.measure.reference_runtime import run_reference
+from tracker.measure.runtimes.reference_runtime import run_reference
 from tracker.optimize.add_eyelike import (
     DOMAIN,
     WRONG_ADD_EYELIKE,

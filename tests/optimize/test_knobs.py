@@ -11,9 +11,9 @@ import pytest
 
 from tracker.optimize import REGISTRY, Chain, Context, EntryError, get_entry
 from tracker.optimize.base import Candidate, FunctionEntry
-from tracker.optimize.int4 import Int4
-from tracker.optimize.int8 import Int8Dynamic
-from tracker.optimize.int8_static import Int8Static
+from tracker.optimize.quantize.int4 import Int4
+from tracker.optimize.quantize.int8 import Int8Dynamic
+from tracker.optimize.quantize.int8_static import Int8Static
 from tracker.search.space import candidates, expand
 
 

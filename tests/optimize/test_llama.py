@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from tracker.measure.lm_diff import LOGITS_TOLERANCES
+from tracker.measure.accuracy.lm_diff import LOGITS_TOLERANCES
 from tracker.optimize import REGISTRY, Context, applicable, apply
 from tracker.optimize.model_info import detect_from_graph
 

@@ -13,12 +13,12 @@ import onnxruntime as ort
 import pytest
 
 from tests.optimize.conftest import make_mlp
-from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import REGISTRY, Context, apply
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.optimize.base import float_weights
-from tracker.optimize.int4 import _quiet_quantizer
-from tracker.optimize.int8_static import calibration_samples, model_bytes
+from tracker.optimize.quantize.int4 import _quiet_quantizer
+from tracker.optimize.quantize.int8_static import calibration_samples, model_bytes
 
 STATIC = ["int8_static_minmax", "int8_static_percentile"]
 INT4 = {"int4_block32": 32, "int4_block128": 128}

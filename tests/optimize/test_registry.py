@@ -11,8 +11,8 @@ import pytest
 
 from tests.optimize.conftest import SMALL_MODELS
 from tracker.measure.attempt import Attempt
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.runtime import get_runtime
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.runtimes.runtime import get_runtime
 from tracker.optimize import KINDS, REGISTRY, Context, EntryError, applicable, apply, get_entry
 from tracker.optimize.add_eyelike import make_linear_model
 

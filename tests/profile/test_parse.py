@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracker.errors import ProfileFormatError
+from tracker.base.errors import ProfileFormatError
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile, parse_profile_bytes
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracker.errors import ProfileFormatError
+from tracker.base.errors import ProfileFormatError
 from tracker.profile import columns as C
 from tracker.profile import parse
 from tracker.profile.parse import Profile, iter_profile_chunks, parse_profile

@@ -19,7 +19,7 @@ from test_parse_fast import (
     synthetic,  # noqa: F401 (a fixture)
 )
 
-from tracker.errors import ProfileFormatError
+from tracker.base.errors import ProfileFormatError
 from tracker.profile import columns as C
 from tracker.profile import parse
 from tracker.profile.parse import parse_profile

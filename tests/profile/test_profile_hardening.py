@@ -20,8 +20,8 @@ FIXTURE = Path(__file__).parents[1] / "fixtures" / "profile_ort_1_32.json"
 # Parses argv[1] and prints how much its peak resident memory grew from what the imports left.
 _PEAK_CHILD = """
 import sys
-from tracker.errors import ProfileFormatError
-from tracker.measure.memory import peak_rss_bytes
+from tracker.base.errors import ProfileFormatError
+from tracker.base.memory import peak_rss_bytes
 from tracker.profile.parse import parse_profile
 before = peak_rss_bytes()
 try:

@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracker.measure import roofline as R
-from tracker.measure.machine import MachinePeaks
+from tracker.measure.costmodel import roofline as R
+from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.report.charts import roofline_chart, write_html
 from tracker.report.rows import AttemptRow
 from tracker.report.study import build_study_report

@@ -17,9 +17,9 @@ from mlflow import MlflowClient
 from tests.conftest import FAST_SPEEDUP, child_env
 from tests.search.conftest import SENSITIVE
 from tracker.api import Study
+from tracker.measure.accuracy.task_diff import task_tolerances
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.latency import TimingConfig
-from tracker.measure.task_diff import task_tolerances
+from tracker.measure.timing.latency import TimingConfig
 from tracker.search import SearchConfig, parse_budget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +56,7 @@ def test_a_search_keeps_the_planted_layer_in_fp32_and_measures_the_rescued_int8_
     assert screened.tags["tracker.search.status"] == "screened" and "fallback" in screened.tags["tracker.search.reason"]
     assert screened.metrics["search.margin"] < 0 < screened.metrics["search.screen_speedup"]
     assert screened.params["quantization.per_channel"] == "false" and screened.params["precision"] == "int8"
-    from tracker.report.compare import load_comparison
+    from tracker.compare import load_comparison
 
     compared = load_comparison(study_run_id=study.run.info.run_id, experiment=None, study=None, run_ids=())
     assert [r.attempt for r in compared.rows] == ["baseline", "int8_dynamic.fp32-1"]  # candidates are not attempts

@@ -7,8 +7,8 @@ import onnxruntime as ort
 import pytest
 
 from tests.search.conftest import SENSITIVE
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.task_diff import task_tolerances
+from tracker.measure.accuracy.task_diff import task_tolerances
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Context, get_entry
 from tracker.search.screen import check_accuracy
 from tracker.search.sensitivity import blocks_of, fallback

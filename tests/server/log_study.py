@@ -17,7 +17,7 @@ import numpy as np
 
 import tracker
 import tracker.api  # noqa: F401  (MLflow's import time must not stagger the start)
-from tracker.measure.speedup import SpeedupConfig
+from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.optimize.add_eyelike import make_linear_model
 
 FAST = tracker.MeasureConfig(profile_runs=3,

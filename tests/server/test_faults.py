@@ -15,7 +15,7 @@ import pytest
 from log_study import FAST
 
 from tracker import Study, log_attempt
-from tracker.errors import TrackingServerError
+from tracker.base.errors import TrackingServerError
 from tracker.server import free_port, health_ok
 from tracker.store import connect
 

@@ -16,9 +16,9 @@ from log_study import FAST
 
 from tests.conftest import child_env
 from tracker import Study
-from tracker.errors import TrackingServerError
+from tracker.base.errors import TrackingServerError
 from tracker.optimize.add_eyelike import make_linear_model
-from tracker.record import AttemptRecord, find_records, find_summaries, save_record
+from tracker.run.record import AttemptRecord, find_records, find_summaries, save_record
 from tracker.server import LocalTrackingServer
 from tracker.store import connect
 

@@ -21,12 +21,12 @@ from mlflow.entities import ViewType
 from onnx import TensorProto, helper
 
 from tests.conftest import FAST_SPEEDUP
-from tracker import MeasureConfig, Study, TimingConfig
+from tracker import MeasureConfig, Study, TimingConfig, upload
+from tracker.base.keys import TAG_NOT_LOGGED
 from tracker.cli import main
-from tracker.keys import TAG_NOT_LOGGED
 from tracker.optimize.add_eyelike import make_linear_model
-from tracker.record import RECORD_FILE, AttemptRecord, find_records, save_record
-from tracker.store import upload, write
+from tracker.run.record import RECORD_FILE, AttemptRecord, find_records, save_record
+from tracker.store import write
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,

@@ -14,12 +14,12 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
-from tracker import FP32, MeasureConfig, Study, TimingConfig, log_attempt
-from tracker.errors import RecordError
-from tracker.measure.feeds_description import describe_feeds
+from tracker import FP32, MeasureConfig, Study, TimingConfig, log_attempt, upload
+from tracker.base.errors import RecordError
+from tracker.measure.inputs.feeds_description import describe_feeds
 from tracker.optimize.add_eyelike import make_linear_model
-from tracker.record import RECORD_FILE, AttemptRecord, load_record, save_record
-from tracker.store import connect, upload, write
+from tracker.run.record import RECORD_FILE, AttemptRecord, load_record, save_record
+from tracker.store import connect, write
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0), trace_levels=(1,))

@@ -17,7 +17,7 @@ from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
 from tracker.optimize.add_eyelike import make_linear_model
-from tracker.record import RECORD_FILE, AttemptRecord, find_records, find_summaries, save_record
+from tracker.run.record import RECORD_FILE, AttemptRecord, find_records, find_summaries, save_record
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0), trace_levels=(1,))

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 from tests.conftest import FAST_SPEEDUP
 from tests.studies.test_studies import artifact_paths, mlflow_run
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.measure.lm_diff import LOGITS_FP32
+from tracker.measure.accuracy.lm_diff import LOGITS_FP32
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS
 
 pytest.importorskip("torch")
@@ -97,7 +97,7 @@ def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export,
 
 
 def _generation_study(**overrides):
-    from tracker.measure.generation import GenerationConfig
+    from tracker.measure.generation.generation import GenerationConfig
     from tracker.studies.gpt2 import GPT2StudyConfig
 
     timing = TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0)
@@ -161,7 +161,7 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
     generation = json.loads((Path(folder) / "generation.json").read_text())
     assert len(generation["data"]) == 2 * 3  # three attempts, two phases
     # `tracker compare` reads the same bests back from the runs.
-    from tracker.report.compare import format_table, load_comparison
+    from tracker.compare import format_table, load_comparison
 
     text = format_table(load_comparison(study_run_id=study.run.info.run_id))
     assert f"decode (one token after a past of 32): best {bests['decode']}" in text
@@ -181,7 +181,7 @@ def test_the_study_config_refuses_scenarios_it_cannot_run(overrides, match):
 
 
 def test_a_past_longer_than_the_model_holds_is_refused_before_anything_is_exported(tmp_path, monkeypatch):
-    from tracker.measure.generation import GenerationConfig
+    from tracker.measure.generation.generation import GenerationConfig
     from tracker.studies.gpt2 import run_gpt2_study
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -13,7 +13,7 @@ import onnx
 
 from tracker.gpt2.model import LoadedGPT2
 from tracker.gpt2.tokens import feeds_for
-from tracker.measure.ort_runtime import SessionConfig, make_session
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
 
 logger = logging.getLogger(__name__)
 

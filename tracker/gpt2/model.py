@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tracker.errors import ModelError
+from tracker.base.errors import ModelError
 
 if TYPE_CHECKING:
     from transformers import GPT2Config, GPT2LMHeadModel

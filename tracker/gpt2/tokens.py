@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tracker.errors import FeedError
+from tracker.base.errors import FeedError
 
 logger = logging.getLogger(__name__)
 

@@ -14,23 +14,23 @@ import numpy as np
 import onnx
 import pandas as pd
 
-from tracker.measure.cpu_load import watch_cpu_load
-from tracker.measure.feeds import check_feeds, check_indices
-from tracker.measure.feeds_description import FeedsDescription, describe_feeds
+from tracker.base.memory import rss_growth
+from tracker.base.model_io import load_model, ort_can_load
+from tracker.base.steps import StepTimes
+from tracker.measure.accuracy.lm_diff import LogitsDiff
+from tracker.measure.accuracy.output_diff import FP32, OutputDiff
+from tracker.measure.accuracy.output_values import output_nbytes
+from tracker.measure.accuracy.task_diff import TaskTolerance
+from tracker.measure.costmodel.machine import MachinePeaks
+from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
-from tracker.measure.latency import Latency, TimingConfig, time_once, time_runs
-from tracker.measure.lm_diff import LogitsDiff
-from tracker.measure.machine import MachinePeaks
-from tracker.measure.memory import rss_growth
-from tracker.measure.model_io import load_model, ort_can_load
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.output_diff import FP32, OutputDiff
-from tracker.measure.output_values import output_nbytes
-from tracker.measure.roofline import Roofline, build_roofline, count_tokens
-from tracker.measure.runtime import get_runtime
-from tracker.measure.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
-from tracker.measure.steps import StepTimes
-from tracker.measure.task_diff import TaskTolerance
+from tracker.measure.inputs.feeds import check_feeds, check_indices
+from tracker.measure.inputs.feeds_description import FeedsDescription, describe_feeds
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.runtimes.runtime import get_runtime
+from tracker.measure.timing.cpu_load import watch_cpu_load
+from tracker.measure.timing.latency import Latency, TimingConfig, time_once, time_runs
+from tracker.measure.timing.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
 from tracker.profile import aggregate
 from tracker.profile.parse import Profile, parse_profile
 
@@ -103,7 +103,7 @@ class Attempt:
     Attributes:
         name: short, stable name (the run name and `tracker.attempt` tag), e.g. "ort_opt_basic".
         model: the model, in memory or as a path (large models stay on disk).
-        runtime: the name of its runtime in `tracker.measure.runtime.RUNTIMES`: "onnxruntime" or
+        runtime: the name of its runtime in `tracker.measure.runtimes.runtime.RUNTIMES`: "onnxruntime" or
             "reference" (onnx.reference.ReferenceEvaluator).
         session: ONNX Runtime settings (runtime "onnxruntime").
         new_ops: custom `OpRun` classes (runtime "reference").
@@ -156,7 +156,7 @@ class AttemptResult:
     `session_create_ms`, `first_run_ms` and `session_bytes` are those of the session the latency loop
     times (not of the profiled or interleaved ones). `session_bytes` is the growth of this process's
     resident memory from just before that session (or evaluator) is made to just after its first run,
-    less the outputs of that run (`tracker.measure.memory.rss_growth`).
+    less the outputs of that run (`tracker.base.memory.rss_growth`).
     """
 
     attempt: Attempt
@@ -176,7 +176,7 @@ class AttemptResult:
     traces: dict[int, str] = field(default_factory=dict)
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
-    verdict: str | None = None  # "baseline", or one of tracker.measure.speedup.VERDICTS
+    verdict: str | None = None  # "baseline", or one of tracker.measure.timing.speedup.VERDICTS
     ort_loadable: bool = True  # False for a custom-domain op ONNX Runtime does not know
     steps: StepTimes = field(default_factory=StepTimes)
     cpu_load: dict[str, float] = field(default_factory=dict)  # other processes' share of the CPU, by step
@@ -308,7 +308,7 @@ def time_against(
     model: onnx.ModelProto | None = None,
 ) -> Speedup:
     """The speed-up of `attempt` over `baseline` on `feeds`, timed in rounds of fresh sessions
-    (`tracker.measure.speedup.measure_speedup`) whose threads stop spinning when a run returns.
+    (`tracker.measure.timing.speedup.measure_speedup`) whose threads stop spinning when a run returns.
 
     Args:
         model: `attempt`'s model as already loaded with its weights, to spare loading it again (for a

@@ -185,7 +185,7 @@ WRONG_ADD_EYELIKE: type[OpRun] = type(
 def add_eyelike(source: Path, target_dir: Path, context: Context) -> Candidate:
     """The registry's AddEyeLike fusion: for ONNX Runtime the fused op carries its model-local function
     (ORT inlines it); for the reference runtime the custom kernel `AddEyeLike` runs it."""
-    from tracker.measure.model_io import load_model
+    from tracker.base.model_io import load_model
 
     target = prepare_output(source, target_dir, "add_eyelike")
     for_ort = context.runtime == "onnxruntime"

@@ -1,6 +1,6 @@
 """Reads ONNX Runtime profiles into a kernel-invocation table and aggregates it; no MLflow, no onnxruntime."""
 
-from tracker.lazy import lazy_getattr
+from tracker.base.lazy import lazy_getattr
 
 # Public names and their modules, imported on first use: a worker process (`tracker.profile.worker`) and
 # `tracker.profile.columns` must not pay for importing pandas.

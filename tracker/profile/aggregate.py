@@ -12,7 +12,6 @@ from tracker.profile import columns as C
 
 By = Literal["op", "node", "provider", "layer"]
 _BY_COLUMN = {"op": C.OP_TYPE, "node": C.NODE, "provider": C.PROVIDER, "layer": C.NODE}
-BY_CHOICES = tuple(_BY_COLUMN)
 NO_LAYER = "(outside layers)"
 # Transformer block names in exported node names: "/transformer/h.3/attn/MatMul" (torch exports),
 # "model.layers.3.mlp", "blocks_3_..."; the first match wins.

@@ -7,7 +7,7 @@ from typing import Annotated, ClassVar
 
 import msgspec
 
-from tracker.errors import ProfileFormatError
+from tracker.base.errors import ProfileFormatError
 
 # How many candidate cut points to try when recovering the complete events of a truncated file.
 _MAX_RECOVERY_TRIES = 64

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from tracker.errors import ProfileFormatError
+from tracker.base.errors import ProfileFormatError
 from tracker.profile import columns as C
 from tracker.profile.events import decode_events, empty_message
 from tracker.profile.kernels import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather

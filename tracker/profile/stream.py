@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from tracker.errors import ProfileFormatError
+from tracker.base.errors import ProfileFormatError
 from tracker.profile.events import AnyEvent, decode_events, decode_list, empty_message, malformed_at, malformed_message
 from tracker.profile.json_commas import ListCommas
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tracker
-from tracker.errors import ProfileFormatError
-from tracker.measure.memory import peak_rss_bytes
+from tracker.base.errors import ProfileFormatError
+from tracker.base.memory import peak_rss_bytes
 from tracker.profile.kernels import GatheredColumns, gather
 from tracker.profile.stream import iter_mapped_batches
 

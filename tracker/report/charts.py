@@ -10,13 +10,13 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from tracker.measure import roofline as R
+from tracker.measure.costmodel import roofline as R
 from tracker.profile import aggregate
 from tracker.profile import columns as C
 from tracker.report.page import write_page
 
 if TYPE_CHECKING:
-    from tracker.measure.machine import MachinePeaks
+    from tracker.measure.costmodel.machine import MachinePeaks
 
 _BAR_PX = 22
 _MIN_HEIGHT_PX = 320
@@ -202,7 +202,7 @@ def roofline_chart(
     under the machine's two roofs: the bandwidth slope and the compute ceiling.
 
     Args:
-        table: a roofline table (`tracker.measure.roofline.ROOFLINE_COLUMNS`), e.g. `Roofline.table`.
+        table: a roofline table (`tracker.measure.costmodel.roofline.ROOFLINE_COLUMNS`), e.g. `Roofline.table`.
         machine: the roofs; None draws the points alone.
         title: the figure's title.
         series: a column of `table` naming each row's series (one trace each, e.g. the attempt in a study's

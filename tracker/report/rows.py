@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tracker.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
+from tracker.base.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
 from tracker.measure.graph_stats import DELTA, diff_graphs
-from tracker.measure.speedup import BASELINE_SPEEDUP, Speedup
+from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup
 from tracker.profile import columns as C
 from tracker.profile.columns import OP_TYPE  # also the first column of the wide tables (op type x attempt)
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 ATTEMPT = "attempt"
 RUNTIME = "runtime"
 STATUS = "status"  # STATUS_OK, STATUS_DIFF_FAILED or STATUS_FAILED (as the `tracker.status` tag)
-VERDICT = "verdict"  # "baseline" or one of tracker.measure.speedup.VERDICTS; None when the attempt failed
+VERDICT = "verdict"  # "baseline" or one of tracker.measure.timing.speedup.VERDICTS; None when the attempt failed
 BEST = "best"
 P50_MS = "p50_ms"
 SPEEDUP = "speedup"

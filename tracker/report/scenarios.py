@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tracker.keys import NO_BEST, TAG_BEST
-from tracker.measure import roofline as R
-from tracker.measure.generation import DECODE, PHASES, PREFILL, phase_prefix
-from tracker.measure.speedup import BASELINE_SPEEDUP, Speedup
+from tracker.base.keys import NO_BEST, TAG_BEST
+from tracker.measure.costmodel import roofline as R
+from tracker.measure.generation.generation import DECODE, PHASES, PREFILL, phase_prefix
+from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup
 from tracker.report.rows import AttemptRow, best_attempt, pick_best
 
 FORWARD = "forward"

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from tracker.measure import roofline as R
-from tracker.measure.speedup import describe
+from tracker.measure.costmodel import roofline as R
+from tracker.measure.timing.speedup import describe
 from tracker.report.charts import roofline_chart
 from tracker.report.page import write_page
 from tracker.report.rows import (

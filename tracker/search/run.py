@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker.keys import (
+from tracker.base.keys import (
     TAG_ATTEMPT,
     TAG_FALLBACK_OF,
     TAG_PIPELINE,
@@ -30,16 +30,16 @@ from tracker.keys import (
     TAG_SEARCH_STATUS,
     TAG_STUDY,
 )
+from tracker.base.steps import StepTimes
+from tracker.base.termination import reraise_if_received
+from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.attempt import Attempt
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.steps import StepTimes
-from tracker.measure.task_diff import TaskTolerance
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
 from tracker.search.budget import Budget
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, check_accuracy, screen_speed
 from tracker.search.sensitivity import Sensitivity, fallback
 from tracker.search.space import by_family, candidates, interleave
-from tracker.termination import reraise_if_received
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ def _family(entry: Entry) -> str:
 
 
 def _size(path: Path) -> int:
-    from tracker.optimize.prepare import model_bytes
+    from tracker.optimize.quantize.prepare import model_bytes
 
     try:
         return model_bytes(Path(path))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tracker.measure.accuracy.task_diff import TaskTolerance, accuracy_margin, tolerance_for
 from tracker.measure.attempt import Attempt, time_against
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.runtime import get_runtime
-from tracker.measure.speedup import Speedup, SpeedupConfig
-from tracker.measure.task_diff import TaskTolerance, accuracy_margin, tolerance_for
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.runtimes.runtime import get_runtime
+from tracker.measure.timing.speedup import Speedup, SpeedupConfig
 from tracker.optimize import Candidate
 
 # Rung 1 of the speed screen: 4 rounds of fresh session pairs, a few block pairs each (~3 s on a 10 ms model).

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracker.optimize import Candidate, Context, Entry
-from tracker.optimize.prepare import quantizable_nodes
+from tracker.optimize.quantize.prepare import quantizable_nodes
 from tracker.search.screen import AccuracyCheck
 
 logger = logging.getLogger(__name__)

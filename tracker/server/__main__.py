@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from tracker import server
-from tracker.errors import TrackerError
+from tracker.base.errors import TrackerError
 from tracker.server.common import LocalServerError, require_free_port
 from tracker.server.mlflow_server import LocalTrackingServer
 from tracker.server.pidfile import StalePidFile, running_server, write_pid_file

@@ -7,7 +7,7 @@ import socket
 import urllib.error
 import urllib.request
 
-from tracker.errors import TrackerError
+from tracker.base.errors import TrackerError
 
 HOST = "127.0.0.1"
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import mlflow
 
-from tracker.errors import TrackerError, TrackingServerError
-from tracker.redaction import protect_uri, redact_uri, without_credentials
-from tracker.redaction import redact as redact_text
-from tracker.settings import resolve_tracking_uri, server_timeout_s
-from tracker.termination import defers_sigterm
+from tracker.base.errors import TrackerError, TrackingServerError
+from tracker.base.redaction import protect_uri, redact_uri, without_credentials
+from tracker.base.redaction import redact as redact_text
+from tracker.base.settings import resolve_tracking_uri, server_timeout_s
+from tracker.base.termination import defers_sigterm
 
 
 def setup_tracking(uri: str | None = None, *, timeout_s: float | None = None) -> str:

@@ -1,7 +1,7 @@
 """Whether a failed write to the tracking store is an outage (try again later) or a refusal of the content.
 
 One decision, used wherever the tracker writes: a live attempt (`tracker.api`), a part of a run
-(`write.log_record`) and an upload (`tracker.store.upload`).
+(`write.log_record`) and an upload (`tracker.upload`).
 
 - An **outage** passes: the store is down or times out, the server answers 5xx or 429, the database is locked
   or refuses the connection. What could not be logged is kept in the outbox for `tracker upload`.
@@ -20,7 +20,7 @@ import errno
 
 import mlflow
 
-from tracker.errors import TrackingServerError
+from tracker.base.errors import TrackingServerError
 
 # A local artifact store that is full, read-only or failing: the store's trouble, not the content's.
 _STORE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})

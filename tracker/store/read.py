@@ -15,9 +15,9 @@ from pathlib import Path
 import mlflow
 import pandas as pd
 
-from tracker.errors import TrackerError
-from tracker.keys import ROLE_ATTEMPT, ROLE_STUDY, TAG_ROLE, TAG_STUDY, TAG_SUPERSEDED_BY
-from tracker.redaction import redact_uri
+from tracker.base.errors import TrackerError
+from tracker.base.keys import ROLE_ATTEMPT, ROLE_STUDY, TAG_ROLE, TAG_STUDY, TAG_SUPERSEDED_BY
+from tracker.base.redaction import redact_uri
 
 ATTEMPT_TABLES = ("ops_by_op", "graph_diff")  # per-attempt tables the study report shows
 

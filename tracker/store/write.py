@@ -21,7 +21,7 @@ import onnx
 import pandas as pd
 from mlflow.data.meta_dataset import MetaDataset
 
-from tracker.keys import (
+from tracker.base.keys import (
     NO_BEST,
     ROLE_ATTEMPT,
     ROLE_CANDIDATE,
@@ -43,14 +43,14 @@ from tracker.keys import (
     logged_model_name,
     sanitize_key,
 )
-from tracker.measure.model_io import load_model
-from tracker.measure.steps import StepTimes
+from tracker.base.model_io import load_model
+from tracker.base.redaction import redact_uri, without_credentials
+from tracker.base.steps import StepTimes
+from tracker.base.termination import deferred, defers_sigterm
 from tracker.profile import columns as C
-from tracker.record import AttemptRecord
-from tracker.redaction import redact_uri, without_credentials
+from tracker.run.record import AttemptRecord
 from tracker.store import faults
 from tracker.store.connect import ensure_reachable
-from tracker.termination import deferred, defers_sigterm
 
 if TYPE_CHECKING:
     from tracker.report.study import StudyReport
@@ -373,7 +373,7 @@ def _pip_requirements() -> list[str]:
 
 @defers_sigterm
 def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
-    """Creates the run of a record the outbox kept (`tracker.store.upload`), empty; returns its id.
+    """Creates the run of a record the outbox kept (`tracker.upload`), empty; returns its id.
 
     The run goes under its study run and into its experiment when they still exist, and it starts at
     `record.start_time_ms` (when it would have started), so the study's attempts keep their order.

@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from tracker.api import Study
+from tracker.measure.accuracy.output_diff import EXACT, FP32
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.output_diff import EXACT, FP32
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, make_linear_model
 
 

@@ -12,18 +12,18 @@ from pathlib import Path
 import onnx
 
 from tracker.api import Study
-from tracker.keys import TAG_WEIGHTS
+from tracker.base.keys import TAG_WEIGHTS
+from tracker.base.steps import StepTimes
+from tracker.base.termination import reraise_if_received
+from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.generation import GenerationConfig, GenerationResult, measure_generation
-from tracker.measure.generation_check import compare_generations
-from tracker.measure.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
-from tracker.measure.machine import MachinePeaks
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.roofline import Roofline
-from tracker.measure.steps import StepTimes
+from tracker.measure.costmodel.machine import MachinePeaks
+from tracker.measure.costmodel.roofline import Roofline
+from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
+from tracker.measure.generation.generation_check import compare_generations
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import REGISTRY, Context, EntryError, ModelInfo, get_entry
 from tracker.store import connect
-from tracker.termination import reraise_if_received
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from tracker.api import Study
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.ort_runtime import SessionConfig
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 
 ATTEMPTS = ("ort_opt_disabled", "ort_opt_enabled")
 

@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 
 from tracker.api import Study
+from tracker.base.model_io import check_ort_ops, load_model
+from tracker.compare import Comparison
+from tracker.measure.accuracy.task_diff import TASKS, task_tolerances
 from tracker.measure.attempt import AttemptResult, MeasureConfig
-from tracker.measure.feed_files import load_feeds
-from tracker.measure.feeds import make_feeds
-from tracker.measure.model_io import check_ort_ops, load_model
-from tracker.measure.ort_runtime import SessionConfig
-from tracker.measure.task_diff import TASKS, task_tolerances
+from tracker.measure.inputs.feed_files import load_feeds
+from tracker.measure.inputs.feeds import make_feeds
+from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
-from tracker.report.compare import Comparison
 from tracker.report.rows import pick_best, rows_from_results
 from tracker.search import SearchConfig
 

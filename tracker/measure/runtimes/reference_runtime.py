@@ -18,9 +18,9 @@ from onnx import helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
-from tracker.errors import UnsupportedOpError
-from tracker.measure.feeds import check_feeds
-from tracker.measure.latency import Latency, TimingConfig, time_runs
+from tracker.base.errors import UnsupportedOpError
+from tracker.measure.inputs.feeds import check_feeds
+from tracker.measure.timing.latency import Latency, TimingConfig, time_runs
 from tracker.profile import columns as C
 from tracker.profile.parse import Profile
 
@@ -76,7 +76,7 @@ def make_evaluator(
         verbose: the evaluator's verbosity (it prints to stdout while running).
 
     Raises:
-        tracker.errors.UnsupportedOpError: the evaluator has no kernel for an op of the model.
+        tracker.base.errors.UnsupportedOpError: the evaluator has no kernel for an op of the model.
     """
     check_reference_ops(model, new_ops=new_ops)
     try:
@@ -130,7 +130,7 @@ def run_reference(
     """Runs `model` once and returns its outputs in graph output order.
 
     Raises:
-        tracker.errors.FeedError: the feeds do not match the model's inputs.
+        tracker.base.errors.FeedError: the feeds do not match the model's inputs.
     """
     check_feeds(model, feeds)
     return make_evaluator(model, new_ops=new_ops).run(None, dict(feeds))
@@ -238,7 +238,7 @@ def evaluate_node(
 
     Raises:
         ValueError: no top-level node has that name.
-        tracker.errors.FeedError: the feeds do not match the model's inputs.
+        tracker.base.errors.FeedError: the feeds do not match the model's inputs.
     """
     names = _node_names(model.graph)
     if node_name not in names:

@@ -1,5 +1,5 @@
 """FLOPs and bytes of one ONNX Runtime kernel call, from its op type and the input and output shapes its
-profile records: the cost model behind `tracker.measure.roofline`.
+profile records: the cost model behind `tracker.measure.costmodel.roofline`.
 
 Counting conventions (FLOPs of one call; |T| is the element count of tensor T, Y the first output):
 

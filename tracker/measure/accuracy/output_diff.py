@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from tracker.measure.output_values import paired_parts
+from tracker.measure.accuracy.output_values import paired_parts
 
 
 @dataclass(frozen=True)

@@ -7,22 +7,17 @@ import shutil
 from pathlib import Path
 
 import onnx
+import pandas as pd
 
-from tracker.artifacts import AttemptArtifacts
-from tracker.keys import (
-    TAG_DIFF,
-    TAG_DISTURBED,
-    TAG_STATUS,
-    TAG_VERDICT,
-    metric_keys,
-    op_metrics,
-)
+from tracker.base.keys import TAG_DIFF, TAG_DISTURBED, TAG_STATUS, TAG_VERDICT, metric_keys
+from tracker.base.memory import MIB
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.measure.environment import fingerprint
-from tracker.measure.memory import MIB
-from tracker.measure.runtime import get_runtime
-from tracker.record import AttemptRecord
+from tracker.measure.runtimes.runtime import get_runtime
+from tracker.profile import columns as C
 from tracker.report.rows import attempt_status, carried_speedup, speedup_vs_baseline
+from tracker.run.artifacts import AttemptArtifacts
+from tracker.run.record import AttemptRecord
 
 
 def fill_record(
@@ -148,4 +143,14 @@ def graph_delta_metrics(graph_diff) -> dict[str, float]:
     metrics = {keys[op]: float(d) for op, d in zip(changed[OP_TYPE], changed[DELTA])}
     reshape = graph_diff.loc[graph_diff[OP_TYPE] == "Reshape", DELTA]
     metrics["graph.reshape_removed"] = float(max(0, -int(reshape.iloc[0]))) if len(reshape) else 0.0
+    return metrics
+
+
+def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
+    """`op.<OpType>.{total_us,calls,pct,us_per_run}` from a per-op-type summary."""
+    metrics = {}
+    names = list(summary[C.KEY])
+    for column, suffix in ((C.TOTAL_US, "total_us"), (C.CALLS, "calls"), (C.PCT, "pct"), (C.US_PER_RUN, "us_per_run")):
+        keys = metric_keys("op", names, suffix)
+        metrics.update({keys[k]: float(v) for k, v in zip(names, summary[column])})
     return metrics

@@ -1,6 +1,6 @@
 """Where an attempt's kernel time goes against the machine's limits: per op type the achieved GFLOP/s, GB/s,
 arithmetic intensity and share of the roof that applies at that intensity, from a profile's kernel calls and
-their FLOPs and bytes (`tracker.measure.kernel_costs`, where the counting conventions are)."""
+their FLOPs and bytes (`tracker.measure.costmodel.kernel_costs`, where the counting conventions are)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from tracker.keys import metric_keys
-from tracker.measure.kernel_costs import MATMUL_OPS, kernel_costs
+from tracker.base.keys import metric_keys
+from tracker.measure.costmodel.kernel_costs import MATMUL_OPS, kernel_costs
 from tracker.profile import aggregate
 from tracker.profile import columns as C
 
 if TYPE_CHECKING:
-    from tracker.measure.machine import MachinePeaks
+    from tracker.measure.costmodel.machine import MachinePeaks
 
 # Columns of the roofline table (one row per op type).
 OP_TYPE = C.OP_TYPE

@@ -16,7 +16,7 @@ from onnx.external_data_helper import (
     uses_external_data,
 )
 
-from tracker.errors import ModelError, UnsupportedOpError
+from tracker.base.errors import ModelError, UnsupportedOpError
 
 
 def load_model(path: str | Path, *, load_external_data: bool = True, check: bool = True) -> onnx.ModelProto:

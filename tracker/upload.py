@@ -1,4 +1,4 @@
-"""`tracker upload`: sends what the outbox kept (`tracker.record`) to the tracking store, and finishes its studies.
+"""`tracker upload`: sends what the outbox kept (`tracker.run.record`) to the tracking store, and finishes its studies.
 
 Every record is checked before any run is created: a refused record creates nothing and stays in the
 outbox, the others are uploaded. A study whose summary could not be logged gets it rebuilt from its
@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracker.errors import RecordError, TrackerError
-from tracker.keys import NO_BEST, ROLE_STUDY, TAG_BEST, TAG_ROLE, TAG_STUDY
-from tracker.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries, load_record, load_summary
+from tracker.base.errors import RecordError, TrackerError
+from tracker.base.keys import NO_BEST, ROLE_STUDY, TAG_BEST, TAG_ROLE, TAG_STUDY
+from tracker.base.termination import deferred
+from tracker.run.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries, load_record, load_summary
 from tracker.store import faults
-from tracker.termination import deferred
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def _locked(root: Path) -> Iterator[None]:
 
 def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     """Ends a study run, after logging its summary and report if it has none; whether it logged them."""
-    from tracker.report import compare
+    from tracker import compare
     from tracker.report.rows import study_counts
     from tracker.report.study import build_study_report
     from tracker.store import read, write

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from tracker.errors import FeedError
+from tracker.base.errors import FeedError
 
 DEFAULT_BATCH = 1
 DEFAULT_SEQUENCE = 128

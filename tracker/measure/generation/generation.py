@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from tracker.measure.latency import Latency, TimingConfig, time_runs
-from tracker.measure.ort_runtime import SessionConfig, make_session, profile_ort
-from tracker.measure.roofline import Roofline, build_roofline, count_tokens
-from tracker.measure.speedup import Runner, Speedup, SpeedupConfig, measure_speedup
+from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.timing.latency import Latency, TimingConfig, time_runs
+from tracker.measure.timing.speedup import Runner, Speedup, SpeedupConfig, measure_speedup
 from tracker.profile.parse import parse_profile
 
 if TYPE_CHECKING:
-    from tracker.measure.machine import MachinePeaks
+    from tracker.measure.costmodel.machine import MachinePeaks
 
 logger = logging.getLogger(__name__)
 

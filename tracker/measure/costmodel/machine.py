@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracker.measure.ort_runtime import SessionConfig, make_session
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
 
 logger = logging.getLogger(__name__)
 

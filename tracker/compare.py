@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracker.keys import (
+from tracker.base.keys import (
     NO_BEST,
     STATUS_FAILED,
     TAG_ATTEMPT,
@@ -170,7 +170,7 @@ def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Req
 def format_table(comparison: Comparison) -> str:
     """The attempts as a plain-text table (`*` marks the best attempt), then a line on each attempt whose
     speed-up is below what its measurement could detect, or whose measurement was disturbed."""
-    from tracker.measure.speedup import describe
+    from tracker.measure.timing.speedup import describe
     from tracker.report.rows import attempt_labels
 
     head = ("", "attempt", "runtime", "verdict", "p50_ms", "speedup", "interval", "detects", "accuracy", "nodes",

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracker.measure.output_diff import OutputDiff, Tolerance, compare_outputs
+from tracker.measure.accuracy.output_diff import OutputDiff, Tolerance, compare_outputs
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from tracker.measure.lm_diff import LOGITS_TOLERANCES, LogitsDiff, LogitsTolerance
-from tracker.measure.output_diff import TOLERANCES, OutputDiff, Tolerance, compare_outputs, same_nonfinite
-from tracker.measure.output_values import paired_parts
+from tracker.measure.accuracy.lm_diff import LOGITS_TOLERANCES, LogitsDiff, LogitsTolerance
+from tracker.measure.accuracy.output_diff import TOLERANCES, OutputDiff, Tolerance, compare_outputs, same_nonfinite
+from tracker.measure.accuracy.output_values import paired_parts
 
 TASKS = ("raw", "regression", "classification", "embedding", "lm")
 

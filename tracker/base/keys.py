@@ -9,12 +9,6 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
-
-from tracker.profile import columns as C
-
-if TYPE_CHECKING:
-    import pandas as pd
 
 TAG_STUDY = "tracker.study"
 TAG_ATTEMPT = "tracker.attempt"
@@ -56,7 +50,6 @@ _DISALLOWED = re.compile(r"[^A-Za-z0-9_\-. :/]")
 _REPEATS = re.compile(r"/{2,}|\.{2,}")
 # A lone "." path segment ("a/./b", "x/.", "."): MLflow rejects keys that posixpath.normpath changes.
 _DOT_SEGMENT = re.compile(r"(?<![^/])\.(?![^/])")
-_FILE_DISALLOWED = re.compile(r"[^A-Za-z0-9_\-.]")
 
 
 # MLflow's (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH): a longer name fails when the first run starts.
@@ -105,16 +98,6 @@ def metric_keys(prefix: str, names: Iterable[str], suffix: str) -> dict[str, str
     return keys
 
 
-def op_metrics(summary: pd.DataFrame) -> dict[str, float]:
-    """`op.<OpType>.{total_us,calls,pct,us_per_run}` from a per-op-type summary."""
-    metrics = {}
-    names = list(summary[C.KEY])
-    for column, suffix in ((C.TOTAL_US, "total_us"), (C.CALLS, "calls"), (C.PCT, "pct"), (C.US_PER_RUN, "us_per_run")):
-        keys = metric_keys("op", names, suffix)
-        metrics.update({keys[k]: float(v) for k, v in zip(names, summary[column])})
-    return metrics
-
-
 def logged_model_name(study: str | None, attempt: str) -> str:
     """The name of an attempt's MLflow logged model: `<study>-<attempt>`, or `<attempt>` outside a study.
 
@@ -129,14 +112,6 @@ def feeds_dataset_name(study: str | None, attempt: str) -> str:
     """The name of the MLflow dataset an attempt's feeds are logged as: `<study>.feeds` (`<attempt>.feeds`
     outside a study). Every attempt of a study runs on the same feeds: one dataset, one name."""
     return f"{study or attempt}.feeds"
-
-
-def safe_filename(name: str, *, max_length: int = 100) -> str:
-    """A single path component from any text: no separators, no `..`, never empty."""
-    clean = _FILE_DISALLOWED.sub("_", name).strip(".") or "_"
-    if clean != name or len(clean) > max_length:
-        clean = f"{clean[: max_length - 9]}_{_short_hash(name)}"
-    return clean
 
 
 def _short_hash(text: str) -> str:

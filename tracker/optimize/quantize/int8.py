@@ -17,7 +17,7 @@ from tracker.optimize.base import (
     knob,
     prepare_output,
 )
-from tracker.optimize.prepare import pre_process_for, prepared
+from tracker.optimize.quantize.prepare import pre_process_for, prepared
 
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul")
 # "all": what quantize_dynamic quantizes when not told (MatMul, Gemm, Gather of embeddings, Attention, Conv...).

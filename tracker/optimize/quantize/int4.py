@@ -22,7 +22,7 @@ from tracker.optimize.base import (
     prepare_output,
     save_proto,
 )
-from tracker.optimize.prepare import model_bytes, prepared
+from tracker.optimize.quantize.prepare import model_bytes, prepared
 
 # MatMulNBits' accuracy_level 4 computes with int8 activations (quantized per block inside the kernel)
 # instead of float32: on GPT-2 small (seq 32, 2 cores) it is 1.47x faster than the baseline where the

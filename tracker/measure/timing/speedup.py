@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracker.measure.cpu_load import watch_cpu_load
+from tracker.measure.timing.cpu_load import watch_cpu_load
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: 
     then timed in alternating blocks (B A, A B, ...) of the same number of calls, at least
     `config.block_ms` long for the faster of the two, each after `config.settle_runs` untimed calls, until
     `config.min_pairs` pairs and `config.round_seconds` are reached. A round during which other
-    processes took more than `tracker.measure.cpu_load.DISTURBED_LOAD` of the machine is timed again, up to
+    processes took more than `tracker.measure.timing.cpu_load.DISTURBED_LOAD` of the machine is timed again, up to
     `config.redo_disturbed` times in all.
     """
     start = time.perf_counter()

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracker.measure.generation import Generation
-from tracker.measure.lm_diff import LOGITS_FP32, LogitsDiff, LogitsTolerance, compare_logits
+from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LogitsDiff, LogitsTolerance, compare_logits
+from tracker.measure.generation.generation import Generation
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 
-from tracker.errors import FeedError
-from tracker.measure.feeds import (
+from tracker.base.errors import FeedError
+from tracker.measure.inputs.feeds import (
     InputSpec,
     check_feed_names,
     check_feed_size,

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker.errors import ModelError
-from tracker.measure.latency import Latency
+from tracker.base.errors import ModelError
+from tracker.measure.timing.latency import Latency
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 
 from tracker.optimize.base import Candidate, Context, Entry, count_ops, float_weights, knob, prepare_output
-from tracker.optimize.prepare import LARGE_MODEL_BYTES, model_bytes, prepared
+from tracker.optimize.quantize.prepare import LARGE_MODEL_BYTES, model_bytes, prepared
 
 logger = logging.getLogger(__name__)
 

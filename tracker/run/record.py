@@ -13,8 +13,8 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from tracker.errors import ModelError, RecordError, TrackerError
-from tracker.measure.feeds_description import FeedsDescription
+from tracker.base.errors import ModelError, RecordError, TrackerError
+from tracker.measure.inputs.feeds_description import FeedsDescription
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
@@ -207,7 +207,7 @@ def find_records(root: str | Path) -> list[Path]:
 
 def _external_locations(model: Path) -> set[str]:
     """The files a model's initializers keep their data in, relative to the model's folder."""
-    from tracker.measure.model_io import load_model
+    from tracker.base.model_io import load_model
 
     proto = load_model(model, load_external_data=False, check=False)  # by content: a protobuf named .json too
     return {e.value for t in proto.graph.initializer for e in t.external_data if e.key == "location"}

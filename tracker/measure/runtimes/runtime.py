@@ -10,9 +10,9 @@ from typing import Protocol
 import numpy as np
 import onnx
 
-from tracker.measure import reference_runtime as ref
-from tracker.measure.latency import Latency
-from tracker.measure.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.runtimes import reference_runtime as ref
+from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.timing.latency import Latency
 from tracker.profile.parse import Profile
 
 Feeds = Mapping[str, np.ndarray]
@@ -90,7 +90,7 @@ class Runtime(Protocol):
 
 
 class OrtRuntime:
-    """ONNX Runtime, with the attempt's `SessionConfig` (`tracker.measure.ort_runtime`)."""
+    """ONNX Runtime, with the attempt's `SessionConfig` (`tracker.measure.runtimes.ort_runtime`)."""
 
     name = "onnxruntime"
     needs_weights = False
@@ -124,7 +124,7 @@ class OrtRuntime:
 
 class ReferenceRuntime:
     """onnx's pure-Python `ReferenceEvaluator`, with the attempt's `new_ops` kernels
-    (`tracker.measure.reference_runtime`)."""
+    (`tracker.measure.runtimes.reference_runtime`)."""
 
     name = "reference"
     needs_weights = True

@@ -1,0 +1,1 @@
+"""Output checks against the baseline, judged by task."""

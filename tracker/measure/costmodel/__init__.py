@@ -1,0 +1,1 @@
+"""The cost model: FLOPs and bytes per kernel call, the machine's peaks, the roofline."""

@@ -1,0 +1,1 @@
+"""Runtimes an attempt runs in: the `Runtime` protocol, ONNX Runtime, onnx's ReferenceEvaluator."""

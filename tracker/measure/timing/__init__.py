@@ -1,0 +1,1 @@
+"""Timing: latency statistics, the interleaved speed-up and its verdict, CPU load."""
