@@ -136,8 +136,20 @@ def applies_to(entry) -> str:
     check = getattr(entry, "applies", None)
     if check is None:
         check = _check_called_by(type(entry).requires)
-    doc = inspect.getdoc(check) if check is not None else None
-    return doc.split("\n\n")[0].replace("\n", " ") if doc else "see the entry's `requires`"
+    text = _first_paragraph(check)
+    if not text:
+        return "see the entry's `requires`"
+    # A check that builds on another says so by name first ("`transformer`, and a model type ..."): spell it out.
+    named = re.match(r"^`(\w+)`", text)
+    inner = check.__globals__.get(named.group(1)) if named and hasattr(check, "__globals__") else None
+    if inner is not None and _first_paragraph(inner):
+        text = _first_paragraph(inner).rstrip(".") + text[named.end():]
+    return text
+
+
+def _first_paragraph(function) -> str:
+    doc = inspect.getdoc(function) if function is not None else None
+    return doc.split("\n\n")[0].replace("\n", " ") if doc else ""
 
 
 def _check_called_by(method):
