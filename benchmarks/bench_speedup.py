@@ -172,8 +172,8 @@ def run_case(case: Case, feeds, config: SpeedupConfig, repeats: int) -> dict[str
         seconds.append(time.perf_counter() - t0)
         results.append(s)
         print(f"  {case.model:<10} {case.name:<14} {i + 1:>2}/{repeats}: {s.speedup:.4f} [{s.ci_low:.4f}, "
-              f"{s.ci_high:.4f}] {s.verdict:<12} mde {s.mde:.1%}  {s.rounds} rounds  {seconds[-1]:.1f} s", flush=True)
-    wrong = sum(s.verdict not in case.expected.split("|") for s in results)
+              f"{s.ci_high:.4f}] {s.interval_verdict:<12} mde {s.mde:.1%}  {s.rounds} rounds  {seconds[-1]:.1f} s", flush=True)
+    wrong = sum(s.interval_verdict not in case.expected.split("|") for s in results)
     covered = sum(s.ci_low <= case.true_ratio <= s.ci_high for s in results)
     return {
         "model": case.model, "case": case.name, "true": case.true_ratio, "own": case.own_ratio,
@@ -185,7 +185,7 @@ def run_case(case: Case, feeds, config: SpeedupConfig, repeats: int) -> dict[str
         "disturbed": sum(s.disturbed_rounds > 0 for s in results),
         "seconds": statistics.median(seconds),
         "rounds": statistics.median(s.rounds for s in results),
-        "verdicts": ",".join(sorted({s.verdict for s in results})),
+        "verdicts": ",".join(sorted({s.interval_verdict for s in results})),
     }
 
 

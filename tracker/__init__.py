@@ -6,7 +6,12 @@ from tracker.base.lazy import lazy_getattr
 # importing MLflow.
 _EXPORTS = {
     "Study": "tracker.api",
+    "StudySetup": "tracker.api",
+    "GenerationScenario": "tracker.api",
     "log_attempt": "tracker.api",
+    "Verdict": "tracker.base.vocabulary",
+    "Status": "tracker.base.vocabulary",
+    "Phase": "tracker.base.vocabulary",
     "Attempt": "tracker.measure.attempt",
     "AttemptResult": "tracker.measure.attempt",
     "MeasureConfig": "tracker.measure.attempt",

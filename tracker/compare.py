@@ -11,15 +11,10 @@ from typing import TYPE_CHECKING
 
 from tracker.base.keys import (
     NO_BEST,
-    STATUS_FAILED,
     TAG_ATTEMPT,
     TAG_BEST,
-    TAG_DISTURBED,
-    TAG_ERROR,
     TAG_RUNTIME,
-    TAG_STATUS,
     TAG_STUDY,
-    TAG_VERDICT,
 )
 
 if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
@@ -116,40 +111,12 @@ def check_report_path(path: str | Path) -> Path:
 
 
 def row_from_run(run: FetchedRun) -> AttemptRow:
-    """The row of an attempt run, read back from what it recorded (its status by `rows.attempt_status`)."""
-    from tracker.report.rows import AttemptRow, attempt_status, generation_metrics
+    """The row of an attempt run, read back from what it recorded (`rows.row_from_content`, as live rows are)."""
+    from tracker.report.rows import row_from_content
 
-    tags, metrics = run.tags, run.metrics
-    crashed = run.status != "FINISHED" or tags.get(TAG_STATUS) == STATUS_FAILED
-    error = tags.get(TAG_ERROR) or (f"run {run.status}" if crashed else None)
-    passed = metrics.get("diff.passed")
-    diff_passed = None if passed is None else bool(passed)
-    verdict = None if crashed else tags.get(TAG_VERDICT) or ("rejected" if diff_passed is False else None)
-    return AttemptRow(
-        attempt=tags.get(TAG_ATTEMPT, run.name),
-        runtime=tags.get(TAG_RUNTIME),
-        status=attempt_status(failed=crashed, diff_passed=diff_passed),
-        verdict=verdict,
-        p50_ms=metrics.get("latency.p50_ms"),
-        speedup=metrics.get("latency.speedup"),
-        speedup_ci_low=metrics.get("latency.speedup_ci_low"),
-        speedup_ci_high=metrics.get("latency.speedup_ci_high"),
-        speedup_mde=metrics.get("latency.speedup_mde"),
-        speedup_vs_baseline=metrics.get("latency.speedup_vs_baseline"),
-        disturbed=tags.get(TAG_DISTURBED) or None,
-        diff_passed=diff_passed,
-        diff_max_abs=metrics.get("diff.max_abs"),
-        diff_nonfinite=_int(metrics.get("diff.nonfinite_mismatches")),
-        top1_agreement=metrics.get("diff.top1_agreement"),
-        cosine_min=metrics.get("diff.cosine_min"),
-        size_bytes=_int(metrics.get("model.size_bytes")),
-        node_count=_int(metrics.get("graph.node_count")),
-        error=error,
-        run_id=run.run_id,
-        ops_by_op=run.tables.get("ops_by_op"),
-        graph_diff=run.tables.get("graph_diff"),
-        generation=generation_metrics(metrics),
-    )
+    return row_from_content(run.tags.get(TAG_ATTEMPT, run.name), metrics=run.metrics, tags=run.tags,
+                            runtime=run.tags.get(TAG_RUNTIME), run_status=run.status, run_id=run.run_id,
+                            tables=run.tables)
 
 
 def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Requirement]:
@@ -259,10 +226,6 @@ def _failure(row: AttemptRow) -> str | None:
     if row.diff_passed is None:
         return f"{row.attempt} has no accuracy check (no diff.passed metric)"
     return None
-
-
-def _int(value: float | None) -> int | None:
-    return None if value is None or math.isnan(value) else int(value)
 
 
 def _fmt(value, spec: str) -> str:

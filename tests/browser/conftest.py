@@ -99,7 +99,7 @@ def server_process(store) -> LocalMlflowServer:
 def study(store, server_process) -> StudyStore:
     """A study of a tiny linear model, logged to the store: two ORT attempts, then three under the
     reference runtime (its baseline, the AddEyeLike fusion, and a fusion with a wrong kernel)."""
-    from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig
+    from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, StudySetup, TimingConfig
     from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
 
     folder, uri, experiment_id = store
@@ -111,7 +111,7 @@ def study(store, server_process) -> StudyStore:
     with pytest.MonkeyPatch.context() as mp:
         isolate_mlflow(mp)
         with Study(STUDY, feeds=feeds, experiment=EXPERIMENT, config=config, tracking_uri=uri,
-                   log_models=False, workdir=folder / "work") as s:
+                   log_models=False, setup=StudySetup(workdir=folder / "work")) as s:
             s.attempt("baseline", model)
             s.attempt("ort_opt_disabled", model, session=SessionConfig(graph_optimization_level="disable"))
             s.attempt("reference_runtime", model, runtime="reference", tolerance=FP32)

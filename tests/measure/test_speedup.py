@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from tracker.base.vocabulary import Verdict
 from tracker.measure.timing.speedup import (
     MIN_EFFECT,
     SYSTEMATIC_SE,
@@ -16,8 +17,8 @@ from tracker.measure.timing.speedup import (
     SpeedupConfig,
     describe,
     estimate_speedup,
+    judge,
     time_in_rounds,
-    verdict,
 )
 
 
@@ -45,15 +46,15 @@ def test_the_verdict_follows_the_interval(attempt_median, expected):
     result = estimate_speedup(rounds(attempt_median))
     assert result.ci_low <= result.speedup <= result.ci_high
     assert result.speedup == pytest.approx(1.0 / attempt_median, rel=0.05)
-    assert result.verdict == expected
-    assert verdict(result, accuracy_passed=True) == expected
+    assert result.interval_verdict == expected
+    assert judge(result, accuracy_passed=True) == expected
     assert (result.rounds, result.pairs) == (6, 300)
 
 
 def test_a_one_and_a_half_percent_change_is_not_better_however_narrow_its_interval():
     result = estimate_speedup(rounds(0.985, pairs=2000, noise=0.001))
     assert result.ci_low > 1.0  # significant...
-    assert result.verdict == "same"  # ...but below the 2 % worth calling a change, and surely under 5 %
+    assert result.interval_verdict == "same"  # ...but below the 2 % worth calling a change, and surely under 5 %
 
 
 def test_no_interval_is_narrower_than_what_the_rounds_cannot_see():
@@ -69,7 +70,7 @@ def test_a_change_inside_the_interval_but_below_what_could_be_detected_is_not_ca
     # detect more than that: calling it would be a coin toss an A/A pair loses 2-5 % of the time
     result = estimate_speedup([Round(np.ones(5), np.full(5, a)) for a in (0.9, 0.99, 0.95, 0.98, 0.94, 0.97)])
     assert result.ci_low > 1.0 and result.speedup < 1.0 + result.mde
-    assert result.verdict == "inconclusive"
+    assert result.interval_verdict == "inconclusive"
 
 
 def test_the_interval_is_as_wide_as_the_spread_between_rounds_not_within_them():
@@ -80,7 +81,7 @@ def test_the_interval_is_as_wide_as_the_spread_between_rounds_not_within_them():
     result = estimate_speedup(spread)
     assert result.ci_low < 1.0 < result.ci_high
     assert result.ci_high / result.ci_low > 1.04
-    assert result.verdict in ("same", "inconclusive")
+    assert result.interval_verdict in ("same", "inconclusive")
 
 
 def test_which_session_is_made_first_neither_biases_nor_widens_the_interval():
@@ -88,7 +89,7 @@ def test_which_session_is_made_first_neither_biases_nor_widens_the_interval():
     ordered = estimate_speedup(rounds(1.0, noise=0.02, first_made_slower=1.10))
     assert ordered.speedup == pytest.approx(plain.speedup, rel=1e-9)
     assert ordered.ci_high / ordered.ci_low == pytest.approx(plain.ci_high / plain.ci_low, rel=1e-9)
-    assert ordered.verdict == "same"
+    assert ordered.interval_verdict == "same"
     # with one order only, the same effect would be read as a 10 % speed-up
     one_order = [r for r in rounds(1.0, noise=0.02, first_made_slower=1.10, n_rounds=12) if not r.attempt_first]
     assert estimate_speedup(one_order).speedup == pytest.approx(1.10, rel=0.02)
@@ -105,7 +106,7 @@ def test_the_detectable_change_shrinks_with_less_noise_and_never_drops_below_the
 
 def test_a_failed_accuracy_check_rejects_whatever_the_speed():
     fast = Speedup(3.0, 2.5, 3.5, 0.95, 100)
-    assert verdict(fast, accuracy_passed=False) == "rejected"
+    assert judge(fast, accuracy_passed=False) == "rejected"
 
 
 @pytest.mark.parametrize(
@@ -173,7 +174,7 @@ def test_a_microsecond_function_is_timed_in_blocks_and_gets_an_interval_of_real_
     assert min(r.calls_per_block for r in timed) > 20
     result = estimate_speedup(timed)
     assert result.ci_high > result.ci_low
-    assert result.verdict in ("same", "inconclusive")
+    assert result.interval_verdict in ("same", "inconclusive")
 
 
 def test_more_rounds_are_timed_in_pairs_while_the_time_lasts_up_to_the_cap():
@@ -196,3 +197,19 @@ def test_more_rounds_are_timed_in_pairs_while_the_time_lasts_up_to_the_cap():
 )
 def test_a_verdict_is_explained_in_plain_words(speedup, mde, verdict_, expected):
     assert describe(speedup, mde, verdict_).startswith(expected)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({"baseline": True, "accuracy_passed": False}, Verdict.BASELINE, id="a baseline is the baseline"),
+        pytest.param({"accuracy_passed": False}, Verdict.REJECTED, id="a failed check rejects a faster attempt"),
+        pytest.param({"accuracy_passed": None}, Verdict.BETTER, id="no check made: the interval decides"),
+        pytest.param({"accuracy_passed": True}, Verdict.BETTER, id="a passed check: the interval decides"),
+    ],
+)
+def test_one_judge_decides_every_verdict(kwargs, expected):
+    fast = Speedup(1.5, 1.4, 1.6, 0.95, 40, rounds=8, mde=0.03)
+    assert judge(fast, **kwargs) is expected
+    assert judge(None, accuracy_passed=True) is None  # not timed against the baseline: nothing to judge
+    assert expected == expected.value  # a member is the string MLflow stores and reads back

@@ -93,7 +93,7 @@ def test_an_aa_pair_is_never_better_or_worse_and_its_interval_holds_1(case):
     baseline = _baseline(path)
     same = dataclasses.replace(baseline, name="same_file")
     results = [time_against(same, baseline, feeds, CONFIG) for _ in range(8)]
-    assert {r.verdict for r in results} <= {"same", "inconclusive"}, [(r.speedup, r.ci_low, r.ci_high) for r in results]
+    assert {r.interval_verdict for r in results} <= {"same", "inconclusive"}, [(r.speedup, r.ci_low, r.ci_high) for r in results]
     covered = sum(r.ci_low <= 1.0 <= r.ci_high for r in results)
     assert covered >= 6, [(r.ci_low, r.ci_high) for r in results]  # P(< 6 of 8) = 0.6 % at 95 % coverage
     assert all(r.ci_high > r.ci_low for r in results)  # no zero-width interval from timer ties
@@ -107,7 +107,7 @@ def test_the_same_graph_computed_twice_is_worse_near_the_isolated_ratio(case, tm
     onnx.save(with_extra_work(onnx.load(str(path)), copies=1), str(slower))
     baseline, attempt = _baseline(path), Attempt("extra_work", slower, session=SessionConfig(intra_op_num_threads=2))
     results = [time_against(attempt, baseline, feeds, CONFIG) for _ in range(3)]
-    assert {r.verdict for r in results} == {"worse"}
+    assert {r.interval_verdict for r in results} == {"worse"}
     true_ratio = _isolated_ratio(baseline, attempt, feeds)
     assert true_ratio < 0.95  # the extra work is real...
     assert statistics.median(r.speedup for r in results) == pytest.approx(true_ratio, rel=0.15)  # ...and measured

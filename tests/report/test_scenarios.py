@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tracker.report.rows import AttemptRow
+from tracker.base.keys import TAG_VERDICT
+from tracker.report.rows import AttemptRow, row_from_content
 from tracker.report.scenarios import generation_table, phase_figures, scenario_bests, scenario_tags, scenarios_table
 
 
@@ -21,13 +22,13 @@ def phase_metrics(phase: str, length: int, speedup: float | None, *, low: float,
 
 def row(name: str, *, verdict: str, forward: float, prefill: float | None, decode: float | None,
         passed: float = 1.0) -> AttemptRow:
-    generation = {"gen.diff.passed": passed,
+    metrics = {"gen.diff.passed": passed, "latency.speedup": forward, "latency.speedup_ci_low": forward * 0.97,
+               "latency.speedup_ci_high": forward * 1.03,
                   **phase_metrics("prefill", 128, prefill, low=(prefill or 1) * 0.97, high=(prefill or 1) * 1.03,
                                   memory_bound=0.0),
                   **phase_metrics("decode", 512, decode, low=(decode or 1) * 0.97, high=(decode or 1) * 1.03,
                                   memory_bound=1.0)}
-    return AttemptRow(attempt=name, verdict=verdict, speedup=forward, speedup_ci_low=forward * 0.97,
-                      speedup_ci_high=forward * 1.03, generation=generation)
+    return row_from_content(name, metrics=metrics, tags={TAG_VERDICT: verdict})
 
 
 ROWS = [

@@ -30,11 +30,11 @@ from tracker.report.rows import (
     graph_changes_by_attempt,
     ops_by_attempt,
     pick_best,
-    rows_from_results,
     runtime_baselines,
     speedup_vs_baseline,
 )
 from tracker.report.study import build_study_report, write_report
+from tracker.run.content import rows_from_results
 from tracker.store import write
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from log_study import FAST
 
-from tracker import Study, log_attempt
+from tracker import Study, StudySetup, log_attempt
 from tracker.base.errors import TrackingServerError
 from tracker.server import free_port, health_ok
 from tracker.store import connect
@@ -33,7 +33,7 @@ def test_an_unreachable_server_fails_at_once_naming_the_uri_without_its_password
 
     started = time.monotonic()
     with pytest.raises(TrackingServerError) as study_error:
-        with Study("s", feeds=feeds, experiment="x", config=FAST, workdir=tmp_path / "work") as study:
+        with Study("s", feeds=feeds, experiment="x", config=FAST, setup=StudySetup(workdir=tmp_path / "work")) as study:
             study.attempt("baseline", model)
     with pytest.raises(TrackingServerError) as attempt_error:
         log_attempt(model, feeds, name="solo", config=FAST)

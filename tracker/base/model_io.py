@@ -153,3 +153,21 @@ def _ort_unknown_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
     local = {(f.domain, f.name) for f in model.functions}
     keys = dict.fromkeys((n.domain, n.op_type) for n in model.graph.node)
     return [key for key in keys if key[0] not in _STANDARD_DOMAINS and key not in local]
+
+
+def load_graph(path: str | Path) -> onnx.ModelProto:
+    """The model at `path` without its weights' values (names, types and shapes stay): what an entry's
+    `requires` looks at, cheap to keep for a model of any size."""
+    model = load_model(path, load_external_data=False, check=False)
+    for tensor in model.graph.initializer:
+        for values in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data"):
+            tensor.ClearField(values)
+    return model
+
+
+def save_model(model: onnx.ModelProto, folder: Path) -> Path:
+    """Saves a model held in memory as `folder/source.onnx` (the folder made if needed); returns its path."""
+    path = folder / "source.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(path))
+    return path

@@ -17,6 +17,7 @@ import pandas as pd
 from tracker.base.memory import rss_growth
 from tracker.base.model_io import load_model, ort_can_load
 from tracker.base.steps import StepTimes
+from tracker.base.vocabulary import Verdict
 from tracker.measure.accuracy.lm_diff import LogitsDiff
 from tracker.measure.accuracy.output_diff import FP32, OutputDiff
 from tracker.measure.accuracy.output_values import output_nbytes
@@ -24,7 +25,7 @@ from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
-from tracker.measure.inputs.feeds import check_feeds, check_indices
+from tracker.measure.inputs.feed_checks import check_feeds, check_indices
 from tracker.measure.inputs.feeds_description import FeedsDescription, describe_feeds
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.runtimes.runtime import get_runtime
@@ -170,18 +171,19 @@ class AttemptResult:
     profile_path: Path | None = None
     profile: Profile | None = None
     roofline: Roofline | None = None  # the profile's kernels against the machine's roofs
+    phase_rooflines: dict[str, Roofline] = field(default_factory=dict)  # other scenarios' (prefill, decode), by phase
     optimized_model_path: Path | None = None
     outputs: list[np.ndarray] = field(default_factory=list)
     diff: OutputDiff | LogitsDiff | None = None
     traces: dict[int, str] = field(default_factory=dict)
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
-    verdict: str | None = None  # "baseline", or one of tracker.measure.timing.speedup.VERDICTS
+    verdict: Verdict | None = None  # decided by tracker.measure.timing.speedup.judge
     ort_loadable: bool = True  # False for a custom-domain op ONNX Runtime does not know
     steps: StepTimes = field(default_factory=StepTimes)
     cpu_load: dict[str, float] = field(default_factory=dict)  # other processes' share of the CPU, by step
     disturbed_steps: list[str] = field(default_factory=list)  # steps that stayed disturbed after a retry
-    extra_metrics: dict[str, float] = field(default_factory=dict)
+    extra_metrics: dict[str, float] = field(default_factory=dict)  # the task's (`evaluate`), other scenarios' (gen.*)
     error: str | None = None
     run_id: str | None = None
     outbox: Path | None = None  # where the record was kept when it could not be logged

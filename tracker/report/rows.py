@@ -1,5 +1,6 @@
-"""A study's attempts as rows (`AttemptRow`), the rules behind them (status, baseline, speed-ups, best attempt),
-and the report's tables (op type x attempt)."""
+"""A study's attempts as rows (`AttemptRow`, built by `row_from_content` from what a run holds, live or read
+back), the rules behind them (status, baseline, speed-ups, best attempt), and the report's tables (op type x
+attempt)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tracker.base.keys import STATUS_DIFF_FAILED, STATUS_FAILED, STATUS_OK
-from tracker.measure.graph_stats import DELTA, diff_graphs
-from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup
+from tracker.base.keys import TAG_DISTURBED, TAG_ERROR, TAG_STATUS, TAG_VERDICT
+from tracker.base.vocabulary import Phase, RunStatus, Status, Verdict
+from tracker.measure import schema
+from tracker.measure.graph_stats import DELTA
+from tracker.measure.schema import ScenarioFigures, Scope, scenario_figures
+from tracker.measure.timing.speedup import judge
 from tracker.profile import columns as C
 from tracker.profile.columns import OP_TYPE  # also the first column of the wide tables (op type x attempt)
 
@@ -21,8 +25,8 @@ if TYPE_CHECKING:
 # Columns of the attempts table (one row per attempt).
 ATTEMPT = "attempt"
 RUNTIME = "runtime"
-STATUS = "status"  # STATUS_OK, STATUS_DIFF_FAILED or STATUS_FAILED (as the `tracker.status` tag)
-VERDICT = "verdict"  # "baseline" or one of tracker.measure.timing.speedup.VERDICTS; None when the attempt failed
+STATUS = "status"  # a `Status` (as the `tracker.status` tag)
+VERDICT = "verdict"  # a `Verdict`; None when the attempt failed
 BEST = "best"
 P50_MS = "p50_ms"
 SPEEDUP = "speedup"
@@ -44,24 +48,25 @@ ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPE
                    NODE_COUNT, ERROR, RUN_ID)
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
-GEN_PREFIX = "gen."  # the generation scenario's metrics
 
 
 @dataclass(frozen=True)
 class AttemptRow:
-    """One attempt of a study, whether it comes from memory (`rows_from_results`) or from MLflow
-    (`compare.row_from_run`): the one row behind the study's attempts table, its report and `tracker compare`.
+    """One attempt of a study, whether it comes from memory (`tracker.run.content.rows_from_results`) or from
+    MLflow (`compare.row_from_run`), built by `row_from_content` either way: the one row behind the study's
+    attempts table, its report and `tracker compare`.
 
-    `ops_by_op` is the attempt's per-op-type summary (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs
-    dropped) and `graph_diff` its node counts against its baseline (`graph_stats.diff_graphs`); either is
-    None when the attempt has none (it failed, or the run predates them). `generation` holds its `gen.*`
-    metrics (the generation scenario, `tracker.report.scenarios`).
+    The forward scenario's figures are the row's own fields; `phases` holds the generation phases' (prefill,
+    decode), typed (`tracker.measure.schema.ScenarioFigures`). `ops_by_op` is the attempt's per-op-type summary
+    (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs dropped) and `graph_diff` its node counts against its
+    baseline (`graph_stats.diff_graphs`); either is None when the attempt has none (it failed, or the run predates
+    them).
     """
 
     attempt: str
     runtime: str | None = None
-    status: str = STATUS_OK
-    verdict: str | None = None
+    status: Status = Status.OK
+    verdict: Verdict | None = None
     p50_ms: float | None = None
     speedup: float | None = None
     speedup_ci_low: float | None = None
@@ -80,19 +85,75 @@ class AttemptRow:
     run_id: str | None = None
     ops_by_op: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     graph_diff: pd.DataFrame | None = field(default=None, repr=False, compare=False)
-    generation: Mapping[str, float] = field(default_factory=dict, repr=False, compare=False)
+    phases: Mapping[Phase, ScenarioFigures] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def failed(self) -> bool:
-        return self.status == STATUS_FAILED or self.error is not None
+        return self.status == Status.FAILED or self.error is not None
 
 
-def attempt_status(*, failed: bool, diff_passed: bool | None) -> str:
-    """An attempt's status (the `tracker.status` tag, a row's `status`): STATUS_FAILED when it crashed,
-    STATUS_DIFF_FAILED when its outputs are outside the tolerance, else STATUS_OK (no check counts as passed)."""
+def row_from_content(
+    attempt: str,
+    *,
+    metrics: Mapping[str, float],
+    tags: Mapping[str, str],
+    runtime: str | None = None,
+    run_status: str = RunStatus.FINISHED,
+    run_id: str | None = None,
+    tables: Mapping[str, pd.DataFrame] | None = None,
+) -> AttemptRow:
+    """The row of an attempt from what its run holds: its metrics and tags (read through `tracker.measure.schema`),
+    the run's status, and its per-op tables (`ops_by_op`, `graph_diff`) where it has them. The one function
+    behind live rows and rows read back from MLflow."""
+    crashed = run_status != RunStatus.FINISHED or tags.get(TAG_STATUS) == Status.FAILED
+    forward = scenario_figures(metrics, Scope(Phase.FORWARD))
+    logged = tags.get(TAG_VERDICT)
+    verdict = None if crashed else (Verdict(logged) if logged else judge(None, accuracy_passed=forward.passed))
+    speedup = forward.speedup
+    tables = tables or {}
+    return AttemptRow(
+        attempt=attempt,
+        runtime=runtime,
+        status=attempt_status(failed=crashed, diff_passed=forward.passed),
+        verdict=verdict,
+        p50_ms=forward.p50_ms,
+        speedup=speedup.speedup if speedup else None,
+        speedup_ci_low=speedup.ci_low if speedup else None,
+        speedup_ci_high=speedup.ci_high if speedup else None,
+        speedup_mde=speedup.mde if speedup else None,
+        speedup_vs_baseline=metrics.get(schema.SPEEDUP_VS_BASELINE),
+        disturbed=tags.get(TAG_DISTURBED) or None,
+        diff_passed=forward.passed,
+        diff_max_abs=metrics.get(schema.DIFF_MAX_ABS),
+        diff_nonfinite=_int(metrics.get(schema.DIFF_NONFINITE)),
+        top1_agreement=metrics.get(schema.TOP1),
+        cosine_min=metrics.get(schema.COSINE_MIN),
+        size_bytes=_int(metrics.get(schema.SIZE_BYTES)),
+        node_count=_int(metrics.get(schema.NODE_COUNT)),
+        error=tags.get(TAG_ERROR) or (f"run {run_status}" if crashed else None),
+        run_id=run_id,
+        ops_by_op=tables.get("ops_by_op"),
+        graph_diff=tables.get("graph_diff"),
+        phases=schema.read_phases(metrics) if not crashed else {},
+    )
+
+
+def failed_row(attempt: str, error: str, *, runtime: str | None = None, run_id: str | None = None) -> AttemptRow:
+    """The row of an attempt that crashed (`row_from_content` of a FAILED run carrying `error`)."""
+    return row_from_content(attempt, metrics={}, tags={TAG_STATUS: Status.FAILED, TAG_ERROR: error}, runtime=runtime,
+                            run_status=RunStatus.FAILED, run_id=run_id)
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None or value != value else int(value)
+
+
+def attempt_status(*, failed: bool, diff_passed: bool | None) -> Status:
+    """An attempt's status (the `tracker.status` tag, a row's `status`): FAILED when it crashed, DIFF_FAILED when
+    its outputs are outside the tolerance, else OK (no check counts as passed)."""
     if failed:
-        return STATUS_FAILED
-    return STATUS_DIFF_FAILED if diff_passed is False else STATUS_OK
+        return Status.FAILED
+    return Status.DIFF_FAILED if diff_passed is False else Status.OK
 
 
 def runtime_baselines(results: Iterable[AttemptResult]) -> dict[str, AttemptResult]:
@@ -109,74 +170,6 @@ def speedup_vs_baseline(p50_ms: float | None, baseline_p50_ms: float | None) -> 
     if p50_ms is None or baseline_p50_ms is None:
         return None
     return baseline_p50_ms / p50_ms
-
-
-def carried_speedup(result: AttemptResult) -> Speedup | None:
-    """The speed-up an attempt carries: the one measured against its baseline, `BASELINE_SPEEDUP` for a
-    baseline itself, else None."""
-    if result.speedup is not None:
-        return result.speedup
-    return BASELINE_SPEEDUP if result.verdict == "baseline" else None
-
-
-def rows_from_results(
-    results: Sequence[AttemptResult],
-    *,
-    failures: Mapping[str, str] | None = None,
-    skip_runs: int = 0,
-    tables: bool = True,
-) -> list[AttemptRow]:
-    """Rows of a study's attempts as measured in this process (`Study.results`, `Study.failures`).
-
-    Args:
-        results: the attempts, in order; each runtime's baseline is `runtime_baselines`'.
-        failures: attempts that failed before they had a model, name -> error text.
-        skip_runs: warm-up runs left out of the per-op times (the study's `MeasureConfig.skip_runs`).
-        tables: fill `ops_by_op` and `graph_diff` (the report's per-op tables); the other fields do not
-            depend on it.
-    """
-    baselines = runtime_baselines(results)
-    rows = []
-    for r in results:
-        base = baselines.get(r.attempt.runtime)
-        diff, speedup = r.diff, carried_speedup(r)
-        passed = bool(diff.passed) if diff is not None else None
-        rows.append(AttemptRow(
-            attempt=r.attempt.name,
-            runtime=r.attempt.runtime,
-            status=attempt_status(failed=not r.ok, diff_passed=passed),
-            verdict=r.verdict if r.ok else None,
-            p50_ms=r.latency.p50_ms if r.latency else None,
-            speedup=speedup.speedup if speedup else None,
-            speedup_ci_low=speedup.ci_low if speedup else None,
-            speedup_ci_high=speedup.ci_high if speedup else None,
-            speedup_mde=speedup.mde if speedup else None,
-            speedup_vs_baseline=speedup_vs_baseline(
-                r.latency.p50_ms if r.latency else None,
-                base.latency.p50_ms if base is not None and base.latency else None),
-            disturbed=",".join(r.disturbed_steps) or None,
-            diff_passed=passed,
-            diff_max_abs=float(diff.max_abs) if diff is not None else None,
-            diff_nonfinite=getattr(diff, "nonfinite_mismatches", None),
-            top1_agreement=getattr(diff, "top1_agreement", None),
-            cosine_min=getattr(diff, "cosine_min", None),
-            size_bytes=r.graph.size_bytes if r.graph else None,
-            node_count=r.graph.node_count if r.graph else None,
-            error=r.error,
-            run_id=r.run_id,
-            ops_by_op=r.summary(by="op", skip_runs=skip_runs) if tables and r.ok and r.profile is not None else None,
-            graph_diff=(diff_graphs(base.graph, r.graph)
-                        if tables and base is not None and base.graph and r.graph else None),
-            generation=generation_metrics(r.attempt.metrics),
-        ))
-    rows += [AttemptRow(attempt=name, status=attempt_status(failed=True, diff_passed=None), error=error)
-             for name, error in (failures or {}).items()]
-    return rows
-
-
-def generation_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
-    """The `gen.*` metrics among an attempt's."""
-    return {k: float(v) for k, v in metrics.items() if k.startswith(GEN_PREFIX)}
 
 
 def study_counts(rows: Sequence[AttemptRow]) -> dict[str, float]:
@@ -197,10 +190,11 @@ def best_attempt(candidates: Iterable[tuple[str, str | None, float | None]]) -> 
     `tracker compare` and `tracker upload`.
     """
     candidates = list(candidates)
-    better = [(name, speedup) for name, verdict, speedup in candidates if verdict == "better" and speedup is not None]
+    better = [(name, speedup) for name, verdict, speedup in candidates
+              if verdict == Verdict.BETTER and speedup is not None]
     if better:
         return max(better, key=lambda c: c[1])[0]
-    return next((name for name, verdict, _ in candidates if verdict == "baseline"), None)
+    return next((name for name, verdict, _ in candidates if verdict == Verdict.BASELINE), None)
 
 
 def attempts_table(rows: Sequence[AttemptRow], *, best: str | None = None) -> pd.DataFrame:

@@ -1,23 +1,24 @@
 """A study's scenarios side by side: forward (one pass over the study's feeds: the attempts' own speed-up and
 check), and the generation scenario's two phases, prefill (the prompt pass) and decode (one token against a past),
-from the attempts' `gen.*` metrics. For each: the best attempt, and the roof the phase's time sits under."""
+from the rows' typed figures (`AttemptRow.phases`). For each: the best attempt, and the roof the phase's time sits
+under."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
 
 from tracker.base.keys import NO_BEST, TAG_BEST
+from tracker.base.vocabulary import GENERATION_PHASES, Phase, Verdict
 from tracker.measure.costmodel import roofline as R
-from tracker.measure.generation.generation import DECODE, PHASES, PREFILL, phase_prefix
-from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup
+from tracker.measure.schema import ScenarioFigures
+from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup, judge
 from tracker.report.rows import AttemptRow, best_attempt, pick_best
 
-FORWARD = "forward"
-_PHASE_KEY = re.compile(r"^gen\.(prefill\.s|decode\.past)(\d+)\.(speedup|roofline\.)")
+FORWARD, PREFILL, DECODE = Phase.FORWARD, Phase.PREFILL, Phase.DECODE
+PHASES = GENERATION_PHASES
 _WHAT = {FORWARD: "one pass over the study's inputs", PREFILL: "the prompt pass of {n} tokens",
          DECODE: "one token after a past of {n}"}
 
@@ -30,65 +31,35 @@ def best_tag(scenario: str) -> str:
 
 @dataclass(frozen=True)
 class PhaseFigures:
-    """One attempt's figures in one phase of the generation scenario, read from its `gen.*` metrics.
+    """One attempt's figures in one generation phase, and its verdict there.
 
     Attributes:
         attempt: the attempt's name.
-        phase: PREFILL or DECODE.
-        length: the phase's length (prompt tokens, or past length) its speed-up and roofline are at.
-        p50_ms: the median latency at that length.
+        figures: its typed figures in the phase (`tracker.measure.schema.ScenarioFigures`).
         speedup: against the baseline (`BASELINE_SPEEDUP` for the baseline itself), or None when not timed.
-        verdict: "baseline", the speed-up's verdict, or "rejected" when the generation check failed; None when the
-            phase was not timed against the baseline.
-        passed: the generation check (`gen.diff.passed`), or None when it was not made.
-        matmul_pct_peak: the matrix products' share of the roof at their intensity (`roofline.matmuls.pct_peak`).
-        matmul_intensity: their FLOP per byte.
-        memory_bound: whether most of the phase's kernel time is below the ridge (`roofline.memory_bound`).
+        verdict: `judge`'s: the baseline, the speed-up's, or rejected when the generation check failed; None when
+            the phase was not timed against the baseline.
     """
 
     attempt: str
-    phase: str
-    length: int
-    p50_ms: float | None
+    figures: ScenarioFigures
     speedup: Speedup | None
-    verdict: str | None
-    passed: bool | None
-    matmul_pct_peak: float | None
-    matmul_intensity: float | None
-    memory_bound: bool | None
+    verdict: Verdict | None
 
     @property
-    def roof(self) -> str | None:
-        return None if self.memory_bound is None else ("memory" if self.memory_bound else "compute")
+    def length(self) -> int | None:
+        return self.figures.length
 
 
-def phase_figures(row: AttemptRow, phase: str) -> PhaseFigures | None:
+def phase_figures(row: AttemptRow, phase: Phase) -> PhaseFigures | None:
     """The row's figures in `phase`, or None when it has none (no generation, or it failed)."""
-    metrics = row.generation
-    lengths = {int(m.group(2)) for m in map(_PHASE_KEY.match, metrics) if m and m.group(1).startswith(phase)}
-    if row.failed or not lengths:
+    figures = row.phases.get(phase)
+    if row.failed or figures is None:
         return None
-    length = max(lengths)
-    prefix = phase_prefix(phase, length)
-    found = metrics.get(prefix + "speedup")
-    speedup = None
-    if found is not None:
-        speedup = Speedup(found, metrics[prefix + "speedup_ci_low"], metrics[prefix + "speedup_ci_high"], 0.95,
-                          int(metrics.get(prefix + "speedup_pairs", 0)), int(metrics.get(prefix + "speedup_rounds", 0)),
-                          mde=metrics.get(prefix + "speedup_mde", 0.0))
-    passed = metrics.get("gen.diff.passed")
-    passed = None if passed is None else bool(passed)
-    if row.verdict == "baseline":
-        speedup, verdict = BASELINE_SPEEDUP, "baseline"
-    elif speedup is None:
-        verdict = None
-    else:
-        verdict = "rejected" if passed is False else speedup.verdict
-    p50 = metrics.get(prefix + "p50_ms")
-    bound = metrics.get(prefix + "roofline.memory_bound")
-    return PhaseFigures(row.attempt, phase, length, p50, speedup, verdict, passed,
-                        metrics.get(prefix + f"roofline.{R.MATMULS}.pct_peak"),
-                        metrics.get(prefix + f"roofline.{R.MATMULS}.intensity"), None if bound is None else bool(bound))
+    baseline = row.verdict == Verdict.BASELINE
+    speedup = BASELINE_SPEEDUP if baseline else figures.speedup
+    verdict = judge(speedup, accuracy_passed=figures.passed, baseline=baseline) if speedup is not None else None
+    return PhaseFigures(row.attempt, figures, speedup, verdict)
 
 
 def scenario_bests(rows: Sequence[AttemptRow]) -> dict[str, str | None]:
@@ -126,8 +97,9 @@ def generation_table(rows: Sequence[AttemptRow]) -> pd.DataFrame:
                 continue
             s = f.speedup
             records.append(dict(zip(GENERATION_COLUMNS, (
-                f.attempt, f.phase, f.length, f.p50_ms, s.speedup if s else None, s.ci_low if s else None,
-                s.ci_high if s else None, f.verdict, f.passed, f.matmul_pct_peak, f.matmul_intensity, f.roof))))
+                f.attempt, f.figures.phase, f.length, f.figures.p50_ms, s.speedup if s else None, s.ci_low if s else None,
+                s.ci_high if s else None, f.verdict, f.figures.passed, f.figures.matmul_pct_peak, f.figures.matmul_intensity,
+                f.figures.roof))))
     return pd.DataFrame(records, columns=list(GENERATION_COLUMNS))
 
 
@@ -153,7 +125,7 @@ def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, 
             f = phase_figures(by_name[best], scenario)
             length = f.length
             speedup = (f.speedup.speedup, f.speedup.ci_low, f.speedup.ci_high) if f.speedup else None
-            roof, pct, intensity = f.roof, f.matmul_pct_peak, f.matmul_intensity
+            roof, pct, intensity = f.figures.roof, f.figures.matmul_pct_peak, f.figures.matmul_intensity
         records.append(dict(zip(SCENARIO_COLUMNS, (
             scenario, _WHAT[scenario].format(n=length), best, *(speedup or (None, None, None)), roof, pct,
             intensity))))

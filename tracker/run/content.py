@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import shutil
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import onnx
@@ -11,11 +12,22 @@ import pandas as pd
 
 from tracker.base.keys import TAG_DIFF, TAG_DISTURBED, TAG_STATUS, TAG_VERDICT, metric_keys
 from tracker.base.memory import MIB
+from tracker.base.vocabulary import Verdict
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig
 from tracker.measure.environment import fingerprint
+from tracker.measure.graph_stats import diff_graphs
 from tracker.measure.runtimes.runtime import get_runtime
+from tracker.measure.schema import speedup_metrics
+from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup
 from tracker.profile import columns as C
-from tracker.report.rows import attempt_status, carried_speedup, speedup_vs_baseline
+from tracker.report.rows import (
+    AttemptRow,
+    attempt_status,
+    failed_row,
+    row_from_content,
+    runtime_baselines,
+    speedup_vs_baseline,
+)
 from tracker.run.artifacts import AttemptArtifacts
 from tracker.run.record import AttemptRecord
 
@@ -35,11 +47,7 @@ def fill_record(
     record.params.update(measured_params(result, config))
     record.metrics = measured_metrics(result, baseline, artifacts.tables)
     record.feeds = result.feeds
-    record.tags = {TAG_STATUS: attempt_status(failed=False, diff_passed=bool(result.diff.passed)),
-                   TAG_DIFF: "passed" if result.diff.passed else "failed",
-                   TAG_VERDICT: result.verdict}
-    if result.disturbed_steps:
-        record.tags[TAG_DISTURBED] = ",".join(result.disturbed_steps)
+    record.tags = attempt_tags(result)
     if attempt.description:
         record.tags["mlflow.note.content"] = attempt.description
     record.artifact_dir = str(artifacts.folder)
@@ -58,6 +66,64 @@ def fill_record(
 
 
 GZIP_ABOVE_BYTES = 16 * 2**20
+
+
+def attempt_tags(result: AttemptResult) -> dict[str, str]:
+    """The tags a measured attempt's run carries: its status, check, verdict and what disturbed it."""
+    passed = None if result.diff is None else bool(result.diff.passed)
+    tags = {TAG_STATUS: attempt_status(failed=False, diff_passed=passed)}
+    if passed is not None:
+        tags[TAG_DIFF] = "passed" if passed else "failed"
+    if result.verdict is not None:
+        tags[TAG_VERDICT] = result.verdict
+    if result.disturbed_steps:
+        tags[TAG_DISTURBED] = ",".join(result.disturbed_steps)
+    return tags
+
+
+def carried_speedup(result: AttemptResult) -> Speedup | None:
+    """The speed-up an attempt carries: the one measured against its baseline, `BASELINE_SPEEDUP` for a
+    baseline itself, else None."""
+    if result.speedup is not None:
+        return result.speedup
+    return BASELINE_SPEEDUP if result.verdict == Verdict.BASELINE else None
+
+
+def rows_from_results(
+    results: Sequence[AttemptResult],
+    *,
+    failures: Mapping[str, str] | None = None,
+    skip_runs: int = 0,
+    tables: bool = True,
+) -> list[AttemptRow]:
+    """Rows of a study's attempts as measured in this process (`Study.results`, `Study.failures`): each built from
+    the metrics and tags its run gets (`measured_metrics`, `attempt_tags`) by `row_from_content`, as a row read
+    back from MLflow is.
+
+    Args:
+        results: the attempts, in order; each runtime's baseline is `runtime_baselines`'.
+        failures: attempts that failed before they had a model, name -> error text.
+        skip_runs: warm-up runs left out of the per-op times (the study's `MeasureConfig.skip_runs`).
+        tables: fill `ops_by_op` and `graph_diff` (the report's per-op tables); the other fields do not
+            depend on it.
+    """
+    baselines = runtime_baselines(results)
+    rows = []
+    for r in results:
+        name, runtime = r.attempt.name, r.attempt.runtime
+        if not r.ok:
+            rows.append(failed_row(name, r.error or "failed", runtime=runtime, run_id=r.run_id))
+            continue
+        base = baselines.get(runtime)
+        per_op = {}
+        if tables and r.profile is not None:
+            per_op["ops_by_op"] = r.summary(by="op", skip_runs=skip_runs)
+        if tables and base is not None and base.graph and r.graph:
+            per_op["graph_diff"] = diff_graphs(base.graph, r.graph)
+        rows.append(row_from_content(name, metrics=measured_metrics(r, base, {}), tags=attempt_tags(r),
+                                     runtime=runtime, run_id=r.run_id, tables=per_op))
+    rows += [failed_row(name, error) for name, error in (failures or {}).items()]
+    return rows
 
 
 def compress_if_large(path: Path) -> Path:
@@ -109,7 +175,7 @@ def measured_metrics(result: AttemptResult, baseline: AttemptResult | None, tabl
         metrics["latency.speedup_vs_baseline"] = speedup_vs_baseline(result.latency.p50_ms, baseline.latency.p50_ms)
     speedup = carried_speedup(result)
     if speedup is not None:
-        metrics.update(speedup.metrics())
+        metrics.update(speedup_metrics(speedup))
     metrics.update({f"measure.other_load.{step}": load for step, load in result.cpu_load.items()})
     metrics["measure.disturbed"] = float(bool(result.disturbed_steps))
     for label, latency in result.latencies.items():

@@ -5,24 +5,17 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import onnx
-
-from tracker.api import Study
+from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.base.keys import TAG_WEIGHTS
 from tracker.base.steps import StepTimes
-from tracker.base.termination import reraise_if_received
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.costmodel.machine import MachinePeaks
-from tracker.measure.costmodel.roofline import Roofline
-from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
-from tracker.measure.generation.generation_check import compare_generations
+from tracker.measure.generation.generation import GenerationConfig
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.optimize import REGISTRY, Context, EntryError, ModelInfo, get_entry
+from tracker.optimize import REGISTRY, ModelInfo
 from tracker.store import connect
 
 logger = logging.getLogger(__name__)
@@ -152,74 +145,18 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             **(config.generation.params() if generation else {}),
         }
         del loaded  # the PyTorch weights (~0.5 GB for gpt2-small) are not needed while measuring
-        with Study(
-            "gpt2",
-            feeds=feeds[config.headline_seq],
-            latency_feeds={f"s{n}": f for n, f in feeds.items()},
-            experiment=experiment,
-            config=config.measure,
-            params=params,
-            tags={TAG_WEIGHTS: weights},
-            workdir=work / "measure",
-        ) as study:
-            study.add_prior_work(steps)
-            base_generation = None
-            if decoder is not None:
-                logger.info("gpt2: measuring the baseline's generation")
-                with study.steps.step("generation"):
-                    base_generation = measure_generation(decoder.path, session=config.session,
-                                                         config=config.generation, max_positions=decoder.max_positions,
-                                                         machine=study.machine, workdir=work / "generation" / "baseline")
-                own = base_generation.generation  # the baseline against itself: every figure of a perfect match
-                baseline_metrics.update({**base_generation.metrics(),
-                                         **compare_generations(own, own, along=own.step_logits).metrics()})
-                study.add_phase_rooflines("baseline", base_generation.rooflines)
-            study.attempt(
-                "baseline",
-                exported.path,
-                session=config.session,
-                tolerance=LOGITS_FP32,
-                description=f"GPT-2 exported with the {exported.exporter} exporter ({weights})",
-                metrics=baseline_metrics,
-                params=baseline_params,
-            )
+        scenario = None
+        if decoder is not None:
+            scenario = GenerationScenario(decoder.path, config.generation, session=config.session,
+                                          speedup=config.measure.speedup, max_positions=decoder.max_positions,
+                                          tolerances=LOGITS_TOLERANCES, info=info)
+        setup = StudySetup(tags={TAG_WEIGHTS: weights}, workdir=work / "measure", generation=scenario,
+                           latency_feeds={f"s{n}": f for n, f in feeds.items()}, prior_steps=steps)
+        with Study("gpt2", feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
+                   params=params, setup=setup) as study:
+            study.attempt("baseline", exported.path, session=config.session, tolerance=LOGITS_FP32,
+                          description=f"GPT-2 exported with the {exported.exporter} exporter ({weights})",
+                          metrics=baseline_metrics, params=baseline_params)
             for name in config.attempt_names:
-                metrics, params = {}, {}
-                if decoder is not None and base_generation is not None:
-                    with study.steps.step("generation"):
-                        metrics, params, rooflines = _generation_attempt(
-                            name, decoder.path, study.graph_of, base_generation, config, info, study.machine,
-                            work / "generation" / name)
-                    study.add_phase_rooflines(name, rooflines)
-                study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES,
-                               metrics=metrics, params=params)
+                study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES)
         return study
-
-
-def _generation_attempt(
-    name: str, decoder: Path, graph_of: Callable[[Path], onnx.ModelProto], baseline: GenerationResult,
-    config: GPT2StudyConfig, info: ModelInfo, machine: MachinePeaks | None, workdir: Path,
-) -> tuple[dict[str, float], dict[str, str], dict[str, Roofline]]:
-    """The registry entry `name` applied to the decode-ready baseline (whose graph the entry checks comes from
-    `graph_of`, `Study.graph_of`: read once per study, without the weights), its generation measured and checked
-    against the baseline's with the tolerance of its precision: (gen.* metrics, gen.* params, the phases' rooflines). An
-    entry that does not apply or fails is data: `gen.error`."""
-    entry = get_entry(name)
-    context = Context(info=info)
-    try:
-        candidate = entry(decoder, workdir, context, graph=graph_of(decoder))
-        logger.info("gpt2: measuring the generation of %s", name)
-        result = measure_generation(candidate.path, session=replace(config.session, **candidate.session),
-                                    config=config.generation, baseline=decoder, speedup=config.measure.speedup,
-                                    reference=baseline.generation, machine=machine, workdir=workdir / "profiles")
-        diff = compare_generations(baseline.generation, result.generation, along=result.along_reference,
-                                   tolerance=LOGITS_TOLERANCES[candidate.precision])
-    except EntryError as e:  # it does not apply to the decode-ready model, or broke what the framework checks
-        return {}, {"gen.error": f"on the decode-ready model: {e}"[:500]}, {}
-    except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run
-        reraise_if_received(e)
-        logger.warning("gpt2: the generation of %s failed: %s", name, e)
-        return {}, {"gen.error": f"{type(e).__name__}: {e}"[:500]}, {}
-    metrics = {**result.metrics(), **diff.metrics()}
-    metrics.update({f"gen.fusion.{op}": float(n) for op, n in candidate.fusions.items()})
-    return metrics, {"gen.applied": str(candidate.applied), **diff.params()}, dict(result.rooflines)

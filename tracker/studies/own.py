@@ -21,7 +21,8 @@ from tracker.measure.inputs.feeds import make_feeds
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
-from tracker.report.rows import pick_best, rows_from_results
+from tracker.report.rows import pick_best
+from tracker.run.content import rows_from_results
 from tracker.search import SearchConfig
 
 logger = logging.getLogger(__name__)

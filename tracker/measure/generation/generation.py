@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
+from tracker.base.vocabulary import GENERATION_PHASES, Phase
 from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.schema import Scope, phase_prefix, speedup_metrics
 from tracker.measure.timing.latency import Latency, TimingConfig, time_runs
 from tracker.measure.timing.speedup import Runner, Speedup, SpeedupConfig, measure_speedup
 from tracker.profile.parse import parse_profile
@@ -38,13 +40,7 @@ PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 # The two phases of a generation: the prompt pass, and one token against a past.
-PREFILL, DECODE = "prefill", "decode"
-PHASES = (PREFILL, DECODE)
-
-
-def phase_prefix(phase: str, length: int) -> str:
-    """The start of a phase's metric keys at a length: `gen.prefill.s128.`, `gen.decode.past512.`."""
-    return {PREFILL: f"gen.{PREFILL}.s{length}.", DECODE: f"gen.{DECODE}.past{length}."}[phase]
+PREFILL, DECODE = Phase.PREFILL, Phase.DECODE
 
 
 def past_names(n_layer: int) -> tuple[str, ...]:
@@ -296,8 +292,7 @@ class GenerationResult:
         metrics.update({"gen.ttft_ms": self.ttft_ms, "gen.tokens_per_s": self.tokens_per_s,
                         "gen.decode_tokens_per_s": self.decode_tokens_per_s})
         for phase, speedup in self.speedups.items():
-            prefix = phase_prefix(phase, self.phase_lens[phase])
-            metrics.update({prefix + key.removeprefix("latency."): value for key, value in speedup.metrics().items()})
+            metrics.update(speedup_metrics(speedup, Scope(Phase(phase), self.phase_lens[phase])))
         for phase, roofline in self.rooflines.items():
             prefix = phase_prefix(phase, self.phase_lens[phase])
             metrics.update({prefix + key: value for key, value in roofline.metrics().items()})
@@ -376,7 +371,7 @@ def measure_generation(
                 rooflines[phase] = _phase_roofline(model, feeds, session, config.roofline_runs, machine,
                                                    folder / phase)
     speedups = {}
-    for phase in PHASES if baseline is not None else ():
+    for phase in GENERATION_PHASES if baseline is not None else ():
         length = config.speedup_len(phase)
         if length is None:
             continue

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracker.base.vocabulary import Verdict
 from tracker.measure.timing.cpu_load import watch_cpu_load
 
 logger = logging.getLogger(__name__)
 
-VERDICTS = ("better", "worse", "same", "inconclusive", "rejected")
 # Smallest speed-up change worth a verdict: even a calibrated interval can exclude 1 for a 1 % change
 # that no user would ship for.
 MIN_EFFECT = 0.02
@@ -162,51 +162,46 @@ class Speedup:
     disturbed_rounds: int = 0
 
     @property
-    def verdict(self) -> str:
-        """"better" or "worse" when the change is at least `mde` (so at least MIN_EFFECT, and the whole
-        interval is on one side of 1); "same" when the whole interval is within +-SAME_WITHIN; else
-        "inconclusive". Changes are compared in logs, so 2x faster and 2x slower are alike."""
+    def interval_verdict(self) -> Verdict:
+        """What the interval alone says (`judge` adds the baseline and the accuracy check): `BETTER` or `WORSE`
+        when the change is at least `mde` (so at least MIN_EFFECT, and the whole interval is on one side of 1);
+        `SAME` when the whole interval is within +-SAME_WITHIN; else `INCONCLUSIVE`. Changes are compared in
+        logs, so 2x faster and 2x slower are alike."""
         called = math.log1p(max(self.mde, MIN_EFFECT))
         change = math.log(self.speedup)
         if change >= called and self.ci_low > 1.0:
-            return "better"
+            return Verdict.BETTER
         if change <= -called and self.ci_high < 1.0:
-            return "worse"
+            return Verdict.WORSE
         if self.ci_low >= 1.0 / (1.0 + SAME_WITHIN) and self.ci_high <= 1.0 + SAME_WITHIN:
-            return "same"
-        return "inconclusive"
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "latency.speedup": self.speedup,
-            "latency.speedup_ci_low": self.ci_low,
-            "latency.speedup_ci_high": self.ci_high,
-            "latency.speedup_pairs": float(self.pairs),
-            "latency.speedup_rounds": float(self.rounds),
-            "latency.speedup_mde": self.mde,
-            "latency.speedup_calls_per_block": float(self.calls_per_block),
-        }
+            return Verdict.SAME
+        return Verdict.INCONCLUSIVE
 
 
 BASELINE_SPEEDUP = Speedup(1.0, 1.0, 1.0, 0.95, 0, mde=0.0)  # what a baseline run carries
 
 
-def verdict(speedup: Speedup | None, *, accuracy_passed: bool) -> str:
-    """The attempt's verdict: "rejected" when its accuracy check failed, else the speed-up's."""
-    if not accuracy_passed:
-        return "rejected"
-    return speedup.verdict if speedup is not None else "inconclusive"
+def judge(speedup: Speedup | None, *, accuracy_passed: bool | None, baseline: bool = False) -> Verdict | None:
+    """The one rule that decides a verdict, in every scenario and wherever it is read (a live attempt, a run read
+    back, a generation phase): `BASELINE` for a runtime's reference; `REJECTED` when the accuracy check failed
+    (whatever the speed); else the speed-up's interval (`Speedup.interval_verdict`); None when there is no
+    speed-up to judge (the attempt was not timed against its baseline)."""
+    if baseline:
+        return Verdict.BASELINE
+    if accuracy_passed is False:
+        return Verdict.REJECTED
+    return speedup.interval_verdict if speedup is not None else None
 
 
 def describe(speedup: float | None, mde: float | None, verdict_: str | None) -> str:
     """One sentence on what a verdict means, for the report and `tracker compare`."""
-    if speedup is None or verdict_ not in ("better", "worse", "same", "inconclusive"):
+    if speedup is None or verdict_ not in [v for v in Verdict if v.measured]:
         return ""
     change = f"{abs(speedup - 1):.1%} {'faster' if speedup >= 1 else 'slower'}"
     floor = f"{max(mde or 0.0, MIN_EFFECT):.1%}"
-    if verdict_ in ("better", "worse"):
+    if verdict_ in (Verdict.BETTER, Verdict.WORSE):
         return f"{change}, beyond the {floor} this measurement could detect"
-    if verdict_ == "same":
+    if verdict_ == Verdict.SAME:
         return f"{change}: no change larger than {SAME_WITHIN:.0%} either way (the whole interval is within it)"
     return f"{change}: below the {floor} this measurement could detect, so no difference was found"
 

@@ -1,0 +1,100 @@
+"""The generation scenario of a study: each attempt is also measured generating with a KV cache.
+
+A study given a `GenerationScenario` (`StudySetup.generation`) measures it inside the attempt pipeline: its first
+attempt (the baseline) generates with the decode-ready export as it is, and each registry entry the study runs
+(`Study.optimize`) is applied to that export too, so its prefill and decode are timed against the baseline's and its
+tokens checked along the baseline's. The figures land on the attempt's own run (`gen.*`, through
+`tracker.measure.schema`), and the phases' rooflines on its result for the study report.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import onnx
+
+from tracker.base.termination import reraise_if_received
+from tracker.measure.accuracy.task_diff import TaskTolerance
+from tracker.measure.costmodel.machine import MachinePeaks
+from tracker.measure.costmodel.roofline import Roofline
+from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
+from tracker.measure.generation.generation_check import compare_generations
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.timing.speedup import SpeedupConfig
+from tracker.optimize import Context, Entry, EntryError, ModelInfo
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GenerationFigures:
+    """What the generation scenario adds to one attempt's run: `gen.*` metrics and params, and the rooflines of its
+    phases (by phase), for the study report."""
+
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    params: Mapping[str, str] = field(default_factory=dict)
+    rooflines: Mapping[str, Roofline] = field(default_factory=dict)
+
+
+@dataclass
+class GenerationScenario:
+    """Generation with a KV cache on a decode-ready export (`decoder`), measured for every attempt of a study.
+
+    Attributes:
+        decoder: the decode-ready export of the study's source model (inputs and outputs for a KV cache).
+        config: what is timed (prefill and decode lengths, tokens generated, the length each speed-up is at).
+        session: ONNX Runtime settings; a session entry sets its own on top.
+        speedup: how each phase is timed against the baseline's.
+        max_positions: the longest sequence the model holds.
+        tolerances: the generation check's tolerance per precision ("fp32", "fp16", "int8", ...).
+        info: heads and hidden size, for the entries that fuse transformer blocks.
+    """
+
+    decoder: Path
+    config: GenerationConfig
+    session: SessionConfig
+    speedup: SpeedupConfig
+    max_positions: int
+    tolerances: Mapping[str, TaskTolerance]
+    info: ModelInfo | None = None
+    baseline: GenerationResult | None = field(default=None, init=False)
+
+    def measure_baseline(self, *, machine: MachinePeaks | None, workdir: Path) -> GenerationFigures:
+        """The baseline's generation, and its check against itself (every figure of a perfect match), so that every
+        attempt carries the same `gen.diff.*` keys."""
+        logger.info("generation: measuring the baseline's")
+        result = measure_generation(self.decoder, session=self.session, config=self.config,
+                                    max_positions=self.max_positions, machine=machine, workdir=workdir)
+        self.baseline = result
+        own = result.generation
+        return GenerationFigures({**result.metrics(), **compare_generations(own, own, along=own.step_logits).metrics()},
+                                 {}, dict(result.rooflines))
+
+    def measure_entry(self, entry: Entry, *, machine: MachinePeaks | None, workdir: Path,
+                      graph_of: Callable[[Path], onnx.ModelProto]) -> GenerationFigures:
+        """`entry` applied to the decode-ready export, its generation measured and checked against the baseline's with
+        the tolerance of its precision. An entry that does not apply, or fails, is data: the param `gen.error`."""
+        if self.baseline is None:
+            raise RuntimeError("measure the baseline's generation (measure_baseline) before an entry's")
+        try:
+            candidate = entry(self.decoder, workdir, Context(info=self.info), graph=graph_of(self.decoder))
+            logger.info("generation: measuring %s's", entry.name)
+            result = measure_generation(candidate.path, session=replace(self.session, **candidate.session),
+                                        config=self.config, baseline=self.decoder, speedup=self.speedup,
+                                        reference=self.baseline.generation, machine=machine,
+                                        workdir=workdir / "profiles")
+            diff = compare_generations(self.baseline.generation, result.generation, along=result.along_reference,
+                                       tolerance=self.tolerances[candidate.precision])
+        except EntryError as e:  # it does not apply to the decode-ready model, or broke what the framework checks
+            return GenerationFigures(params={"gen.error": f"on the decode-ready model: {e}"[:500]})
+        except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run
+            reraise_if_received(e)
+            logger.warning("generation: %s failed: %s", entry.name, e)
+            return GenerationFigures(params={"gen.error": f"{type(e).__name__}: {e}"[:500]})
+        metrics = {**result.metrics(), **diff.metrics()}
+        metrics.update({f"gen.fusion.{op}": float(n) for op, n in candidate.fusions.items()})
+        return GenerationFigures(metrics, {"gen.applied": str(candidate.applied), **diff.params()},
+                                 dict(result.rooflines))

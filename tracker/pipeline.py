@@ -1,0 +1,258 @@
+"""The attempt pipeline: measure one attempt, fill its record, log it as a run or keep it in the outbox.
+
+`Study` (`tracker.study`) runs it for each of its attempts; `log_attempt` runs it once, for training code.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tracker.base.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
+from tracker.base.memory import release_free_memory
+from tracker.base.steps import StepTimes
+from tracker.base.termination import Terminated, received
+from tracker.base.vocabulary import Kind, RunStatus
+from tracker.generation import GenerationFigures
+from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
+from tracker.measure.costmodel.machine import MachinePeaks, measure_machine
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.timing.speedup import judge
+from tracker.optimize import Candidate, Chain, Entry
+from tracker.run import content as run_content
+from tracker.run.artifacts import write_attempt_artifacts
+from tracker.run.record import AttemptRecord, check_outbox, outbox_root, save_record
+from tracker.store import connect, faults, write
+
+logger = logging.getLogger(__name__)
+
+Evaluate = Callable[[list[np.ndarray]], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class AttemptSetup:
+    """How the pipeline measures and logs an attempt: the same for every attempt of a study.
+
+    Attributes:
+        config: how to measure.
+        study: the study's name (its runs' `tracker.study`), None outside a study.
+        evaluate: task metrics from the outputs.
+        log_model: log the model with the onnx flavor.
+        latency_feeds: other feeds sets to time, by label (`latency.<label>.*`).
+        tags: the run's tags on top of its own.
+        machine: the roofs of the attempt's roofline (`Study.machine`); None outside a study.
+    """
+
+    config: MeasureConfig = field(default_factory=MeasureConfig)
+    study: str | None = None
+    evaluate: Evaluate | None = None
+    log_model: bool = True
+    latency_feeds: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    machine: MachinePeaks | None = None
+
+
+def log_attempt(
+    model: onnx.ModelProto | str | Path,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    name: str = "attempt",
+    experiment: str | None = None,
+    baseline_outputs: list[np.ndarray] | None = None,
+    config: MeasureConfig | None = None,
+    evaluate: Evaluate | None = None,
+    tracking_uri: str | None = None,
+    log_model: bool = True,
+    **kwargs,
+) -> AttemptResult:
+    """Measures and logs one attempt as a run (nested under the active run if there is one).
+
+    Args:
+        model: the model, in memory or as a path.
+        feeds: its inputs.
+        name: the attempt's name.
+        experiment: MLflow experiment of a top-level run (ignored inside an active run).
+        baseline_outputs: outputs of a baseline on the same feeds, for the prediction-diff check.
+        config: how to measure (default `MeasureConfig()`).
+        evaluate: task metrics from the outputs.
+        tracking_uri: default `settings.resolve_tracking_uri()` (ignored inside an active run).
+        log_model: log the model with the onnx flavor.
+        **kwargs: other `Attempt` fields (runtime, session, tolerance, ...).
+    """
+    if experiment:
+        check_experiment_name(experiment)
+    check_outbox()
+    if not write.has_active_run():
+        connect.setup_tracking(tracking_uri)
+        if experiment:
+            write.set_experiment(experiment)
+    attempt = Attempt(name=name, model=model, **kwargs)
+    with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
+        setup = AttemptSetup(config=config or MeasureConfig(), evaluate=evaluate, log_model=log_model)
+        return run_attempt(attempt, dict(feeds), setup, baselines={}, workdir=Path(tmp),
+                           baseline_outputs=baseline_outputs)
+
+
+def run_attempt(
+    attempt: Attempt,
+    feeds: Mapping[str, np.ndarray],
+    setup: AttemptSetup,
+    *,
+    baselines: Mapping[str, AttemptResult],
+    workdir: Path,
+    baseline_outputs: list[np.ndarray] | None = None,
+    generation: GenerationFigures | None = None,
+) -> AttemptResult:
+    """Measures an attempt, then logs it in its own run (with `setup.tags` on top of its own).
+
+    `baselines` are the study's so far (`runtime_baselines`); empty outside a study. `generation` holds what the
+    study's generation scenario measured for this attempt (`tracker.generation`): it joins the attempt's result and
+    run.
+    Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
+    error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
+    record is kept in the outbox (`tracker.run.record.outbox_root()`) and the log says how to upload it.
+    """
+    parent_run_id, experiment_id = write.current_ids()
+    record = AttemptRecord(attempt.name, setup.study, attempt.runtime, parent_run_id=parent_run_id,
+                           experiment_id=experiment_id, params=run_content.attempt_params(attempt))
+    result = AttemptResult(attempt=attempt)
+    interrupted: BaseException | None = None
+    try:
+        same_runtime = baselines.get(attempt.runtime)
+        # A runtime's first attempt has its outputs checked against the study's first baseline (cross-runtime).
+        output_baseline = same_runtime or next(iter(baselines.values()), None)
+        if baseline_outputs is None and output_baseline is not None:
+            baseline_outputs = output_baseline.outputs
+        result = measure_attempt(
+            attempt, feeds, config=setup.config, workdir=workdir, baseline_outputs=baseline_outputs,
+            evaluate=setup.evaluate, latency_feeds=setup.latency_feeds,
+            baseline=same_runtime.attempt if same_runtime is not None else None, machine=setup.machine,
+        )
+        if generation is not None:
+            result.extra_metrics.update(generation.metrics)
+            result.phase_rooflines.update(generation.rooflines)
+        if result.diff is None:
+            # The baseline against itself, so that every attempt carries the same diff.* keys.
+            result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
+        # The first attempt of a runtime is its own baseline: speed-up 1, node delta 0.
+        baseline = same_runtime or result
+        result.verdict = judge(result.speedup, accuracy_passed=bool(result.diff.passed), baseline=baseline is result)
+        with result.steps.step("artifacts"):
+            artifacts = write_attempt_artifacts(
+                result, workdir / "artifacts", baseline=baseline, skip_runs=setup.config.skip_runs
+            )
+        run_content.fill_record(record, result, artifacts, setup.config, baseline, workdir, log_model=setup.log_model)
+        record.params.update(generation.params if generation is not None else {})
+    except Exception as e:
+        result.error = mark_failed(record, e)
+        if received():  # SIGTERM in disguise (an ImportError from a cut import): the attempt was interrupted
+            record.error = f"interrupted (SIGTERM) while measuring; it surfaced as {result.error}"
+            interrupted = Terminated()
+    except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C or SIGTERM mid-attempt: the cut attempt is a FAILED run
+        result.error = mark_failed(record, e)
+        record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
+        interrupted = e
+    record.tags.update(setup.tags)
+    logged = log_or_keep(record, steps=result.steps)
+    result.run_id, result.outbox, result.refused = logged.run_id, logged.outbox, logged.refused
+    if interrupted is not None:  # logged like any attempt; the study then unwinds
+        raise interrupted
+    # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
+    release_free_memory()
+    return result
+
+
+def candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tuple[dict[str, float], dict[str, str]]:
+    """The metrics and params saying what an entry did. A session entry made no model: it says it in its
+    session params, which every attempt logs."""
+    if entry.kind == Kind.SESSION:
+        return {}, dict(candidate.params)
+    metrics = {f"fusion.{op}": float(n) for op, n in candidate.fusions.items()}
+    metrics["optimize.seconds"] = seconds
+    if candidate.fully_optimized is not None:
+        metrics["fusion.fully_optimized"] = float(candidate.fully_optimized)
+    params = {**candidate.params, "precision": candidate.precision, "applied": str(candidate.applied)}
+    return metrics, params
+
+
+def lineage_tags(entry: Entry) -> dict[str, str]:
+    """A chain's lineage: `tracker.pipeline` (its steps) and `tracker.parent_attempt` (every step but the last)."""
+    if not isinstance(entry, Chain):
+        return {}
+    return {TAG_PIPELINE: entry.name, TAG_PARENT_ATTEMPT: entry.parent}
+
+
+def measure_machine_or_none() -> MachinePeaks | None:
+    """The machine's roofs at the study's thread count (`SessionConfig`'s default), or None: a machine that
+    cannot be measured costs the attempts their share of peak, never the study."""
+    try:
+        return measure_machine(threads=SessionConfig().intra_op_num_threads)
+    except Exception as e:
+        logger.warning("could not measure the machine's peaks (%s: %s); no roofs this study", type(e).__name__, e)
+        return None
+
+
+def mark_failed(record: AttemptRecord, error: BaseException) -> str:
+    """Makes `record` a FAILED attempt carrying `error` and its traceback; returns the error's one-line text."""
+    record.status, record.error = RunStatus.FAILED, f"{type(error).__name__}: {error}"
+    record.traceback = "".join(traceback.format_exception(error))
+    logger.error("attempt %s failed: %s", record.attempt, record.error)
+    return record.error
+
+
+def log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> Logged:
+    """Logs a record as a run; what an outage stops (or the store refuses whole) is kept in the outbox.
+
+    A part of the run MLflow refuses for its content is left out, and named on the run (`write.log_record`).
+    A run refused whole (`faults.is_outage` says the store answers) is kept too, with the reason in `refused`:
+    uploading it later fails the same way until what MLflow refused is fixed.
+    """
+    # When the run starts, or would have: a run uploaded later starts then too, in its study's order.
+    record.start_time_ms = int(time.time() * 1000)
+    try:
+        connect.ensure_reachable()
+        with write.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
+            record.run_id = run.info.run_id
+            write.log_record(record, steps=steps)
+        return Logged(run_id=record.run_id)
+    except Exception as e:
+        outage = faults.is_outage(e)
+        outbox = _keep(record)
+        if outage:
+            logger.error("could not log attempt %s (%s: %s); its results are kept in %s; upload them with "
+                         "`tracker upload %s` once the tracking server is back",
+                         record.attempt, type(e).__name__, e, outbox, outbox)
+            return Logged(outbox=outbox)
+        reason = faults.describe(e)
+        logger.error("the tracking store refused the run of attempt %s (%s); this is not an outage: its results "
+                     "are kept in %s", record.attempt, reason, outbox)
+        return Logged(outbox=outbox, refused=reason)
+
+
+@dataclass(frozen=True)
+class Logged:
+    """Where a record went: a run, or the outbox (with the reason when the store refused it)."""
+
+    run_id: str | None = None
+    outbox: Path | None = None
+    refused: str | None = None
+
+
+def _keep(record: AttemptRecord) -> Path:
+    """Saves a record in the outbox; where that fails (a full disk, a folder that went), in a new temporary
+    folder: a measurement is never lost for want of a place."""
+    try:
+        return save_record(record)
+    except OSError as e:
+        fallback = save_record(record, Path(tempfile.mkdtemp(prefix="tracker-outbox-")))
+        logger.error("could not keep attempt %s in the outbox %s (%s: %s); it is kept in %s instead",
+                     record.attempt, outbox_root(), type(e).__name__, e, fallback.parent.parent)
+        return fallback

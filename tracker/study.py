@@ -1,0 +1,394 @@
+"""A study's lifecycle: its parent run, each attempt measured as a nested run (`tracker.pipeline`), the search,
+and at the end its summary and report."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from contextlib import nullcontext
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tracker.base.keys import check_experiment_name
+from tracker.base.model_io import load_graph, save_model
+from tracker.base.steps import StepTimes
+from tracker.base.termination import reraise_if_received, sigterm_as_exit
+from tracker.base.vocabulary import Kind
+from tracker.generation import GenerationFigures, GenerationScenario
+from tracker.measure.accuracy.output_diff import TOLERANCES
+from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for
+from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name
+from tracker.measure.costmodel.machine import MachinePeaks
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.optimize import Context, Entry, ModelInfo, get_entry
+from tracker.pipeline import (
+    AttemptSetup,
+    Evaluate,
+    candidate_content,
+    lineage_tags,
+    log_or_keep,
+    mark_failed,
+    measure_machine_or_none,
+    run_attempt,
+)
+from tracker.report.rows import pick_best, runtime_baselines, study_counts
+from tracker.report.scenarios import scenario_bests, scenario_tags
+from tracker.report.search import build_search_report
+from tracker.report.study import build_study_report
+from tracker.run.content import rows_from_results
+from tracker.run.record import AttemptRecord, check_outbox, save_summary
+from tracker.search import SearchConfig, SearchResult, run_search
+from tracker.store import connect, faults, write
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StudySetup:
+    """What a study needs beyond its feeds and measuring config; every field is optional.
+
+    Attributes:
+        evaluate: task metrics from each attempt's outputs.
+        tags: every run's tags (the study's and its attempts').
+        workdir: where attempts keep their files (default: a temporary folder, removed at the end).
+        latency_feeds: other feeds sets timed for each attempt, by label (`latency.<label>.*`).
+        generation: the generation scenario: each attempt also measured generating with a KV cache.
+        prior_steps: work done for the study before it started (e.g. an export), counted in its time per step.
+    """
+
+    evaluate: Evaluate | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | Path | None = None
+    latency_feeds: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    generation: GenerationScenario | None = None
+    prior_steps: StepTimes | None = None
+
+
+class Study:
+    """A parent MLflow run holding one nested run per optimization attempt.
+
+    The first attempt of each runtime that succeeds is that runtime's baseline (`runtime_baselines`): later
+    attempts of the runtime are compared with it (outputs, latency, per-op profile, graph). The first attempt
+    of a second runtime has its outputs compared with the first runtime's baseline (a cross-runtime check).
+
+    Example:
+        with Study("my-model", feeds={"X": x}) as study:
+            study.attempt("baseline", model)
+            study.attempt("ort_opt_disabled", model, session=SessionConfig(graph_optimization_level="disable"))
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        feeds: Mapping[str, np.ndarray],
+        experiment: str | None = None,
+        config: MeasureConfig | None = None,
+        params: Mapping[str, str] | None = None,
+        tracking_uri: str | None = None,
+        log_models: bool = True,
+        setup: StudySetup | None = None,
+    ) -> None:
+        check_name("study", name)
+        if experiment:
+            check_experiment_name(experiment)
+        setup = setup or StudySetup()
+        self.name = name
+        self.feeds = dict(feeds)
+        self.experiment = experiment
+        self.config = config or MeasureConfig()
+        self.params = dict(params or {})
+        self.tracking_uri = tracking_uri
+        self.log_models = log_models
+        self.setup = setup
+        self.tags = dict(setup.tags)
+        self.generation = setup.generation
+        self._workdir_given = setup.workdir is not None
+        self._workdir = Path(setup.workdir) if setup.workdir is not None else None
+        self.results: list[AttemptResult] = []
+        self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
+        self._graphs: dict[str, onnx.ModelProto] = {}  # `graph_of`
+        self.steps = StepTimes()  # the study's own work; each attempt has its own
+        self._started = time.perf_counter()
+        if setup.prior_steps is not None:  # work done for the study before it started (e.g. an export)
+            self.steps.add(setup.prior_steps)
+            self._started -= sum(setup.prior_steps.seconds.values())
+        self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
+        self.search_result: SearchResult | None = None  # `search`
+        self._run_cm = None
+
+    def __enter__(self) -> Study:
+        connect.setup_tracking(self.tracking_uri)
+        check_outbox()  # a place for what the store may not take, before any work
+        # SIGTERM (`timeout`, a CI cancel) unwinds like Ctrl-C: runs end FAILED, the work folder goes.
+        self._sigterm = sigterm_as_exit()
+        self._sigterm.__enter__()
+        try:
+            if self._workdir is None:
+                self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
+            with self.steps.step("machine"):
+                self.machine = measure_machine_or_none()
+            params = {**self.config.params(), **(self.machine.params() if self.machine else {}), **self.params}
+            self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
+            self.run = self._run_cm.__enter__()
+        except BaseException:  # `with` calls no __exit__ when __enter__ fails: undo what was set up here
+            self._release()
+            raise
+        logger.info("study %s: run %s", self.name, self.run.info.run_id)
+        return self
+
+    def attempt(self, name: str | Attempt, model: onnx.ModelProto | str | Path | None = None, *,
+                tags: Mapping[str, str] | None = None, generation: GenerationFigures | None = None,
+                **kwargs) -> AttemptResult:
+        """Measures and logs one attempt as a nested run; a failure is logged and returned, not raised.
+
+        With a generation scenario, the study's first attempt (its baseline) also generates with the decode-ready
+        export as it is (`tracker.generation`).
+
+        Args:
+            name: the attempt's name, or a ready `Attempt` (then `model` and `kwargs` must be absent).
+            model: the model, in memory or as a path.
+            tags: the run's tags on top of the study's (e.g. a chain's lineage).
+            generation: what the generation scenario measured for this attempt (`optimize` passes it).
+            **kwargs: other `Attempt` fields (runtime, session, new_ops, tolerance, description, ...).
+        """
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        attempt = name if isinstance(name, Attempt) else Attempt(name=name, model=model, **kwargs)
+        if generation is None and self.generation is not None and self.generation.baseline is None:
+            with self.steps.step("generation"):
+                generation = self.generation.measure_baseline(machine=self.machine,
+                                                              workdir=self._workdir / "generation" / attempt.name)
+        setup = AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate,
+                             log_model=self.log_models, latency_feeds=self.setup.latency_feeds,
+                             tags={**self.tags, **(tags or {})}, machine=self.machine)
+        result = run_attempt(attempt, self.feeds, setup, baselines=runtime_baselines(self.results),
+                             workdir=self._workdir / attempt.name, generation=generation)
+        self.results.append(result)
+        return result
+
+    def optimize(
+        self,
+        entry: str | Entry,
+        source: onnx.ModelProto | str | Path,
+        *,
+        name: str | None = None,
+        info: ModelInfo | None = None,
+        runtime: str = "onnxruntime",
+        session: SessionConfig | None = None,
+        tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
+        tags: Mapping[str, str] | None = None,
+        **fields,
+    ) -> AttemptResult | None:
+        """Runs the registry entry `entry` on `source`, then measures and logs what it made as one attempt.
+
+        An entry that does not apply to `source`, or that raises, is logged as a FAILED attempt carrying
+        the reason, and None is returned; the study goes on.
+
+        Args:
+            entry: an entry, or its name as `tracker.optimize.get_entry` reads it (a registered name, a variant
+                `int8_dynamic:per_channel=true`, a chain `attention_fused+int8_dynamic`).
+            source: the model to optimize, in memory or as a path.
+            name: the attempt's name (default: the entry's).
+            info: heads and hidden size, for the entries that fuse transformer blocks.
+            runtime: the runtime the candidate runs in.
+            session: the study's ONNX Runtime settings; a session entry sets its own on top.
+            tolerance: one tolerance, or one per precision ("fp32", "fp16", "int8"): the candidate's
+                precision picks it.
+            tags: the attempt run's tags on top of the study's and the chain's lineage.
+            **fields: `Attempt` fields that replace the candidate's (description, new_ops, ...);
+                `params` and `metrics` are added to the candidate's.
+        """
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        found = get_entry(entry) if isinstance(entry, str) else entry
+        name = name or found.name
+        check_name("attempt", name)
+        context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._prepared)
+        logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
+        # A session entry makes nothing: no optimize step in the study's time table.
+        step = nullcontext() if found.kind == Kind.SESSION else self.steps.step("optimize")
+        try:
+            with step:
+                source_path = self._on_disk(source, name)
+                graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
+                start = time.perf_counter()
+                candidate = found(source_path, self._workdir / name / "optimized", context, graph=graph)
+                seconds = time.perf_counter() - start
+        except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
+            reraise_if_received(e)
+            self.record_failure(name, e, runtime=runtime, tags={**lineage_tags(found), **(tags or {})})
+            return None
+        # A session entry measures its source as given (in memory or not), with other settings.
+        model = source if candidate.path == source_path else candidate.path
+        chosen = tolerance_for(tolerance, candidate.precision)
+        metrics, params = candidate_content(found, candidate, seconds)
+        generation = None
+        if self.generation is not None and self.generation.baseline is not None:
+            with self.steps.step("generation"):
+                generation = self.generation.measure_entry(found, machine=self.machine, graph_of=self.graph_of,
+                                                           workdir=self._workdir / "generation" / name)
+        return self.attempt(
+            name,
+            model,
+            tags={**lineage_tags(found), **(tags or {})},
+            runtime=runtime,
+            session=replace(session or SessionConfig(), **candidate.session),
+            new_ops=fields.pop("new_ops", candidate.new_ops),
+            tolerance=chosen,
+            description=fields.pop("description", "; ".join(candidate.notes)),
+            metrics={**metrics, **fields.pop("metrics", {})},
+            params={**params, **fields.pop("params", {})},
+            generation=generation,
+            **fields,
+        )
+
+    def search(
+        self,
+        source: str | Path,
+        *,
+        config: SearchConfig | None = None,
+        info: ModelInfo | None = None,
+        session: SessionConfig | None = None,
+        tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
+    ) -> SearchResult:
+        """Searches the registry's entries, knobs and chains for the fastest variant of `source` that passes its
+        check (`tracker.search.run_search`). The leaders become attempt runs; every other candidate that was timed a
+        light run (`tracker.role` = "candidate"); every candidate, with where and why it stopped, a row of the table
+        on the study run (`report/search.html`). Measures the baseline first if the study has none.
+
+        Returns:
+            What the search did; the answer is `study.best`.
+        """
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before searching")
+        session = session or SessionConfig()
+        baseline = runtime_baselines(self.results).get("onnxruntime")
+        if baseline is None:
+            baseline = self.attempt("baseline", Path(source), session=session,
+                                    tolerance=tolerance_for(tolerance, "fp32"),
+                                    description=f"{Path(source).name} as given")
+            if not baseline.ok:
+                raise ValueError(f"the baseline failed, so nothing can be compared with it: {baseline.error}")
+        with self.steps.step("search"):
+            self.search_result = run_search(
+                Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
+                tolerance=tolerance, workdir=self._workdir / "search", config=config or SearchConfig(), info=info,
+                session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
+                prepared=self._prepared,
+                optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
+                                                                tolerance=tolerance, tags=tags),
+            )
+        try:  # the table on the study run holds the same rows: losing these runs loses no figure
+            write.log_candidate_runs(self.search_result.candidate_runs(self.name))
+        except Exception as e:
+            logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
+                           "report/search_candidates.json holds them", type(e).__name__, e)
+        return self.search_result
+
+    @property
+    def _prepared(self) -> Path:
+        """Where entries keep the pre-processed sources their variants share (`Context.work`), for the study's
+        attempts and its search alike."""
+        return self._workdir / "prepared"
+
+    def graph_of(self, path: str | Path) -> onnx.ModelProto:
+        """The model at `path` without its weights' values (`load_graph`), read once per study."""
+        key = str(Path(path).resolve())
+        if key not in self._graphs:
+            self._graphs[key] = load_graph(path)
+        return self._graphs[key]
+
+    def _on_disk(self, source: onnx.ModelProto | str | Path, name: str) -> Path:
+        """`source` as a file: its path, or a model in memory saved in the attempt's work folder."""
+        return Path(source) if not isinstance(source, onnx.ModelProto) else save_model(source, self._workdir / name)
+
+    def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime",
+                       tags: Mapping[str, str] | None = None) -> None:
+        """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
+        if self._run_cm is None:
+            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        parent_run_id, experiment_id = write.current_ids()
+        record = AttemptRecord(name, self.name, runtime, tags={**self.tags, **(tags or {})},
+                               parent_run_id=parent_run_id,
+                               experiment_id=experiment_id)
+        self.failures[name] = mark_failed(record, error)
+        log_or_keep(record)  # the same way as a measured attempt: to the store, else to the outbox
+
+    @property
+    def best(self) -> AttemptResult | None:
+        """The attempt to ship: the largest speed-up among those that passed their accuracy check and
+        are faster than their baseline beyond the noise ("better"), else the first baseline (`pick_best`)."""
+        name = pick_best(rows_from_results(self.results, tables=False))
+        return next((r for r in self.results if r.attempt.name == name), None)
+
+    @property
+    def scenario_bests(self) -> dict[str, str | None]:
+        """The best attempt's name in each scenario the study measured: forward (`best`), and prefill and decode
+        when its attempts carry generation figures (`tracker.report.scenarios.scenario_bests`)."""
+        return scenario_bests(rows_from_results(self.results, tables=False))
+
+    def _log_report(self, best: str | None) -> None:
+        """The study report on the parent run; a report problem never costs the study its summary."""
+        try:
+            rows = rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
+            rooflines = {r.attempt.name: r.roofline for r in self.results if r.ok and r.roofline is not None}
+            phase_rooflines = {r.attempt.name: r.phase_rooflines for r in self.results if r.ok and r.phase_rooflines}
+            built = build_study_report(rows, self._workdir / "report", study=self.name, best=best,
+                                       rooflines=rooflines, phase_rooflines=phase_rooflines)
+            write.log_study_report(built.html, built.tables)
+            if self.search_result is not None:
+                page = build_search_report(self.search_result, rows, self._workdir / "report", study=self.name,
+                                           best=best)
+                write.log_study_report(page.html, page.tables)
+        except Exception as e:
+            logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
+
+    def step_totals(self) -> tuple[StepTimes, float]:
+        """Seconds per step over the study and its attempts, and the study's wall time so far."""
+        totals = StepTimes()
+        totals.add(self.steps)
+        for result in self.results:
+            totals.add(result.steps)
+        return totals, time.perf_counter() - self._started
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                # The attempts table itself is the report's (`_log_report`); these rows only count and rank.
+                rows = rows_from_results(self.results, failures=self.failures, tables=False)
+                totals, wall = self.step_totals()
+                logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
+                machine = self.machine.metrics() if self.machine else {}
+                searched = self.search_result.metrics() if self.search_result is not None else {}
+                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall), **machine, **searched},
+                           "best": pick_best(rows), "tags": scenario_tags(rows)}
+                try:
+                    connect.ensure_reachable()
+                    write.log_study_summary(**summary)
+                except Exception as e:
+                    kept = save_summary(summary, study=self.name, parent_run_id=self.run.info.run_id)
+                    why = "could not log" if faults.is_outage(e) else "the tracking store refused"
+                    logger.error("%s the summary of study %s (%s); it is kept in %s and its run stays open on the "
+                                 "server until `tracker upload %s`", why, self.name, faults.describe(e),
+                                 kept.parent, kept.parent.parent)
+                else:
+                    self._log_report(summary["best"])
+        finally:
+            self._run_cm.__exit__(exc_type, exc, tb)
+            self._run_cm = None
+            self._release()
+
+    def _release(self) -> None:
+        """Removes the work folder the study made and restores SIGTERM's handler."""
+        if not self._workdir_given and self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+        self._sigterm.__exit__(None, None, None)
+
+
