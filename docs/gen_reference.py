@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PINNED_RUN_NAMES = ROOT / "tests" / "fixtures" / "linreg_run_names.json"
 KINDS = ("params", "metrics", "tags", "artifacts")
-KEYS_MODULES = ("tracker.base.keys", "tracker.keys")  # where the TAG_* names live, newest layout first
+KEYS_MODULES = ("tracker.base.keys",)  # where the TAG_* names live
 
 
 # ----- the command line ---------------------------------------------------------------------------------------
@@ -250,8 +250,7 @@ MEANINGS = (
     ("tracker.attempt", "the attempt's name"),
     ("tracker.runtime", "the runtime the attempt ran in (onnxruntime or reference)"),
     ("tracker.role", "study (the parent run) or attempt (a nested run); a search's light runs: candidate"),
-    ("tracker.status", "ok, diff_failed (outside the tolerance) or failed (it crashed)"),
-    ("tracker.verdict", "baseline, better, worse, same, inconclusive or rejected"),
+
     ("tracker.diff", "the accuracy check's result in words"),
     ("tracker.error", "why a crashed attempt failed (the traceback is in error.txt)"),
     ("tracker.best_attempt", "the best attempt of the study (forward scenario)"),
@@ -270,7 +269,13 @@ MEANINGS = (
 
 
 def meaning(name: str) -> str:
-    """What `name` holds: the first of MEANINGS that matches it, else the comment beside its tag constant."""
+    """What `name` holds: the words of its enum (`tracker.base.vocabulary`), else the first of MEANINGS that matches
+    it, else the comment beside its tag constant."""
+    from tracker.base.vocabulary import Status, Verdict
+
+    words = {"tracker.status": Status, "tracker.verdict": Verdict}
+    if name in words:
+        return "one of " + ", ".join(f"`{member}`" for member in words[name])
     found = next((text for pattern, text in MEANINGS if fnmatch(name, pattern)), "")
     return found or next((comment for _, tag, comment in tracker_tags() if tag == name), "")
 
@@ -293,7 +298,26 @@ def run_contents_page(keys: list[RunKey]) -> str:
               "| constant | tag | when |", "|---|---|---|"]
     lines += [f"| `{constant}` | `{tag}` | {_cell(comment or meaning(tag))} |" for constant, tag, comment in tracker_tags()]
     lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + scenario_keys())
+
+
+def scenario_keys() -> list[str]:
+    """Where each scenario's figures live among a run's metrics, from the schema (`tracker.measure.schema.Scope`)."""
+    from tracker.base.vocabulary import Phase
+    from tracker.measure.schema import Scope, speedup_metrics
+    from tracker.measure.timing.speedup import BASELINE_SPEEDUP
+
+    lines = ["## Scenarios", "",
+             "Each scenario's figures, from the schema (`tracker.measure.schema`): the same names are written by the "
+             "measurement and read back into the report's rows. A generation phase's length is part of its names "
+             "(here 128 and 512).", "", "| scenario | median latency | speed-up | check | matrix products' roof |",
+             "|---|---|---|---|---|"]
+    for scope in (Scope(Phase.FORWARD), Scope(Phase.PREFILL, 128), Scope(Phase.DECODE, 512)):
+        speedup = " ".join(f"`{key}`" for key in speedup_metrics(BASELINE_SPEEDUP, scope))
+        roofline = scope.roofline_prefix + "roofline."
+        lines.append(f"| {scope.phase} | `{scope.prefix}p50_ms` | {speedup} | `{scope.check_key}` | "
+                     f"`{roofline}matmuls.pct_peak` `{roofline}memory_bound` |")
+    return lines + [""]
 
 
 def tracker_tags() -> list[tuple[str, str, str]]:
