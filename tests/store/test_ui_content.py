@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlflow
 import numpy as np
@@ -150,10 +150,10 @@ def test_a_record_kept_in_the_outbox_is_uploaded_with_its_feeds_as_the_dataset_i
     ids=["digest-not-text", "shape-not-a-list", "not-an-object"],
 )
 def test_a_record_whose_feeds_are_malformed_is_refused_before_any_upload(tmp_path, feeds):
-    folder = save_record(replace(AttemptRecord("kept", "offline", "onnxruntime"), feeds=describe_feeds(FEEDS)),
+    folder = save_record(AttemptRecord("kept", "offline", "onnxruntime", feeds=describe_feeds(FEEDS)),
                          tmp_path / "outbox")
     data = json.loads((folder / RECORD_FILE).read_text())
     data["feeds"] = feeds
     (folder / RECORD_FILE).write_text(json.dumps(data))
-    with pytest.raises(RecordError, match="'feeds' must be an object with keys 'digest', 'inputs' \\| null, got"):
+    with pytest.raises(RecordError, match=r"Expected `(str|array|object \| null)`, got `\w+` - at `\$\.feeds"):
         load_record(folder)

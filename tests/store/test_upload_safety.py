@@ -138,11 +138,10 @@ def test_a_record_naming_a_file_outside_its_folder_is_refused_before_any_run_and
 # A record.json that is not a record, and what the one-line error must name.
 MALFORMED = {
     "not JSON": (_write("{'attempt': 'bad',"), ["not valid JSON"]),
-    "not an object": (_write("[1, 2]"), ["expected a JSON object, got list"]),
-    "unknown keys": (_set(colour="blue", size=3), ["unknown keys 'colour', 'size'"]),
-    "missing keys": (_drop("attempt", "runtime"), ["missing keys 'attempt', 'runtime'"]),
-    "wrong types": (_set(metrics={"latency.p50_ms": "fast"}, model_flavor="yes"),
-                    ["'metrics' must be dict[str, float]", "'model_flavor' must be bool"]),
+    "not an object": (_write("[1, 2]"), ["Expected `object`, got `array`"]),
+    "unknown keys": (_set(colour="blue"), ["Object contains unknown field `colour` - at `$` (known fields: "]),
+    "missing keys": (_drop("attempt", "runtime"), ["Object missing required field `attempt`"]),
+    "wrong types": (_set(metrics={"latency.p50_ms": "fast"}), ["Expected `float`, got `str` - at `$.metrics[...]`"]),
     "unknown status": (_set(status="DONE"), ["'status' must be one of FINISHED, FAILED, got 'DONE'"]),
 }
 

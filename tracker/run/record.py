@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import shutil
 import stat
-import types
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
+
+import msgspec
 
 from tracker.base.errors import ModelError, RecordError, TrackerError
-from tracker.measure.inputs.feeds_description import FeedsDescription
+from tracker.measure.inputs.feeds_description import FeedsDescription, FeedSpec
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
 SUMMARY_FILE = "study_summary.json"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 
-@dataclass
-class AttemptRecord:
+class AttemptRecord(msgspec.Struct, forbid_unknown_fields=True):
     """Everything the run of one attempt holds.
 
     Attributes:
@@ -38,18 +38,21 @@ class AttemptRecord:
         run_id, parent_run_id, experiment_id: where it was (or was meant to be) logged.
         start_time_ms: when its run started, or would have (epoch ms): an uploaded run starts then, so a
             study's attempts keep their order.
+
+    A Struct that forbids unknown fields: `load_record` refuses a `record.json` with a key it does not know or
+    a value of the wrong type, naming the field.
     """
 
     attempt: str
     study: str | None
     runtime: str
     status: str = "FINISHED"
-    params: dict[str, str] = field(default_factory=dict)
-    metrics: dict[str, float] = field(default_factory=dict)
-    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = msgspec.field(default_factory=dict)
+    metrics: dict[str, float] = msgspec.field(default_factory=dict)
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
     artifact_dir: str | None = None
-    files: dict[str, str] = field(default_factory=dict)
-    tables: list[str] = field(default_factory=list)
+    files: dict[str, str] = msgspec.field(default_factory=dict)
+    tables: list[str] = msgspec.field(default_factory=list)
     model_path: str | None = None
     model_flavor: bool = True
     feeds: FeedsDescription | None = None
@@ -102,11 +105,10 @@ def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
         suffix += 1
         folder = root / parent / _SAFE.sub("_", f"{record.attempt}-{suffix}")
     folder.mkdir(parents=True)
-    saved = AttemptRecord(**asdict(record))
     # As MLflow will store them, so that the saved record has the types `load_record` checks.
-    saved.params = {str(k): str(v) for k, v in record.params.items()}
-    saved.tags = {str(k): str(v) for k, v in record.tags.items()}
-    saved.metrics = {str(k): float(v) for k, v in record.metrics.items()}
+    saved = msgspec.structs.replace(record, params={str(k): str(v) for k, v in record.params.items()},
+                                    tags={str(k): str(v) for k, v in record.tags.items()},
+                                    metrics={str(k): float(v) for k, v in record.metrics.items()})
     if record.artifact_dir and Path(record.artifact_dir).is_dir():
         shutil.copytree(record.artifact_dir, folder / "artifacts")
         saved.artifact_dir = "artifacts"
@@ -123,7 +125,8 @@ def save_record(record: AttemptRecord, root: Path | None = None) -> Path:
         _copy_external_data(Path(record.model_path), target.parent)
         saved.model_path = str(target.relative_to(folder))
     partial = folder / f".{RECORD_FILE}.partial"
-    partial.write_text(json.dumps(asdict(saved), indent=1, sort_keys=True))
+    # json, not msgspec.json: a NaN metric is written as NaN, as json.loads reads it back.
+    partial.write_text(json.dumps(msgspec.to_builtins(saved), indent=1, sort_keys=True))
     partial.rename(folder / RECORD_FILE)
     return folder
 
@@ -141,12 +144,11 @@ def load_record(folder: str | Path) -> AttemptRecord:
     folder = Path(folder)
     path = folder / RECORD_FILE
     data = _read_json(path, "record")
-    problem = _field_problem(data, AttemptRecord)
-    if problem:
-        raise RecordError(f"record {path}: {problem}")
-    record = AttemptRecord(**data)
-    if record.feeds is not None:
-        record.feeds = FeedsDescription.from_dict(record.feeds)
+    record = _convert(data, AttemptRecord, f"record {path}")
+    if record.feeds is not None:  # dataclasses: msgspec checks their types, but would ignore a key it does not know
+        _refuse_unknown(data["feeds"], FeedsDescription, "$.feeds", f"record {path}")
+        for index, spec in enumerate(data["feeds"]["inputs"]):
+            _refuse_unknown(spec, FeedSpec, f"$.feeds.inputs[{index}]", f"record {path}")
     if record.status not in STATUSES:
         raise RecordError(f"record {path}: 'status' must be one of {', '.join(STATUSES)}, got {record.status!r}")
     try:
@@ -178,17 +180,13 @@ def load_summary(path: str | Path) -> dict:
     """
     path = Path(path)
     data = _read_json(path, "study summary")
-    read = [f.name for f in fields(_SavedSummary)]  # the best attempt and the counts are rebuilt from the runs
-    problem = _field_problem({k: v for k, v in data.items() if k in read} if isinstance(data, dict) else data,
-                             _SavedSummary)
-    if problem:
-        raise RecordError(f"study summary {path}: {problem}")
+    _convert(data, _SavedSummary, f"study summary {path}")
     return data
 
 
-@dataclass
-class _SavedSummary:
-    """What upload reads of a saved summary."""
+class _SavedSummary(msgspec.Struct):
+    """What upload reads of a saved summary; its other keys (the best attempt, the counts) are rebuilt from the
+    runs, so they are not checked."""
 
     study: str
     parent_run_id: str
@@ -238,60 +236,29 @@ def _read_json(path: Path, what: str) -> object:
         raise RecordError(f"{what} {path}: not valid JSON ({e})") from None
 
 
-def _field_problem(data: object, cls: type) -> str | None:
-    """What is wrong with `data` as the keyword arguments of the dataclass `cls`, or None."""
-    if not isinstance(data, dict):
-        return f"expected a JSON object, got {type(data).__name__}"
-    hints = typing.get_type_hints(cls)
-    unknown = [k for k in data if k not in hints]
+def _convert(data: object, cls: type[_S], what: str) -> _S:
+    """`data` (read from JSON) as a `cls`, or a `RecordError` saying `what`, the field (msgspec's path, e.g.
+    `$.metrics[...]`) and what it expected."""
+    try:
+        return msgspec.convert(data, cls)
+    except msgspec.ValidationError as e:
+        known = ""
+        if str(e).startswith("Object contains unknown field") and " - at " not in str(e):  # at the top level
+            known = f" - at `$` (known fields: {_names(cls.__struct_fields__)})"
+        raise RecordError(f"{what}: {e}{known}") from None
+
+
+def _refuse_unknown(data: dict, cls: type, at: str, what: str) -> None:
+    """As msgspec says it of a Struct that forbids unknown fields, for the dataclass `cls`."""
+    known = [f.name for f in fields(cls)]
+    unknown = [k for k in data if k not in known]
     if unknown:
-        return f"unknown keys {_names(unknown)} (a record has {_names(hints)})"
-    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-    missing = [k for k in required if k not in data]
-    if missing:
-        return f"missing keys {_names(missing)}"
-    wrong = [f"{k!r} must be {_describe(hints[k])}, got {_shorten(v)}" for k, v in data.items()
-             if not _matches(v, hints[k])]
-    return "; ".join(wrong) or None
-
-
-def _matches(value: object, hint: object) -> bool:
-    """Whether a JSON value has the type `hint` (str, int, float, bool, None, X | Y, list[X], dict[K, V])."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if dataclasses.is_dataclass(hint):
-        return isinstance(value, dict) and _field_problem(value, hint) is None
-    if origin in (types.UnionType, typing.Union):
-        return any(_matches(value, a) for a in args)
-    if origin is list:
-        return isinstance(value, list) and all(_matches(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1]) for k, v in value.items())
-    if hint is type(None):
-        return value is None
-    if isinstance(value, bool):  # JSON true is not a number
-        return hint is bool
-    if hint is float:
-        return isinstance(value, (int, float))
-    return isinstance(value, hint)
-
-
-def _describe(hint: object) -> str:
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return " | ".join(_describe(a) for a in typing.get_args(hint))
-    if dataclasses.is_dataclass(hint):  # e.g. 'feeds': an object of its fields, as `asdict` writes it
-        return f"an object with keys {_names(f.name for f in fields(hint))}"
-    if hint is type(None):
-        return "null"
-    return hint.__name__ if isinstance(hint, type) else str(hint).replace("NoneType", "null")
+        raise RecordError(f"{what}: Object contains unknown field `{unknown[0]}` - at `{at}` "
+                          f"(known fields: {_names(known)})")
 
 
 def _names(keys) -> str:
     return ", ".join(repr(k) for k in keys)
-
-
-def _shorten(value: object, limit: int = 60) -> str:
-    text = json.dumps(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_files(record: AttemptRecord, folder: Path) -> None:
