@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from tracker.base.vocabulary import Status, Verdict
 from tracker.measure.costmodel import roofline as R
 from tracker.measure.timing.speedup import describe
 from tracker.report.charts import roofline_chart
@@ -43,9 +44,9 @@ from tracker.report.scenarios import generation_table, roof_sentences, scenarios
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-VERDICT_COLORS = {"baseline": "#4575b4", "better": "#1a9850", "worse": "#e66101", "same": "#5e3c99",
-                  "inconclusive": "#878787",
-                  "rejected": "#a50026", "failed": "#222222", "disturbed": "#b8860b"}
+VERDICT_COLORS = {Verdict.BASELINE: "#4575b4", Verdict.BETTER: "#1a9850", Verdict.WORSE: "#e66101",
+                  Verdict.SAME: "#5e3c99", Verdict.INCONCLUSIVE: "#878787", Verdict.REJECTED: "#a50026",
+                  Status.FAILED: "#222222", "disturbed": "#b8860b"}
 _TOP_OPS = 12
 _ROOFLINE_OPS = 5  # op types per attempt in the study's roofline chart, the slowest with FLOPs
 _PHASE_OPS = 3  # op types per attempt and phase in the scenarios' roofline chart, the slowest with FLOPs
@@ -250,25 +251,25 @@ _TIMING_NOTE = ("p50 latency is the attempt's own timing loop, under its own ses
                 "two can disagree, and the speed-up is the one to trust. A change smaller than what the "
                 "measurement could detect is not a finding either way.")
 _VERDICT_MEANING = {
-    "baseline": "the runtime's reference",
-    "better": "accuracy passed, faster by at least what the measurement could detect (and 2 %)",
-    "worse": "accuracy passed, slower by at least what the measurement could detect (and 2 %)",
-    "same": "accuracy passed, no change larger than 5 % either way (the whole interval is within +-5 %)",
-    "inconclusive": "accuracy passed, no change found, but the interval is too wide to rule one out",
-    "rejected": "accuracy check failed",
-    "failed": "the attempt crashed",
+    Verdict.BASELINE: "the runtime's reference",
+    Verdict.BETTER: "accuracy passed, faster by at least what the measurement could detect (and 2 %)",
+    Verdict.WORSE: "accuracy passed, slower by at least what the measurement could detect (and 2 %)",
+    Verdict.SAME: "accuracy passed, no change larger than 5 % either way (the whole interval is within +-5 %)",
+    Verdict.INCONCLUSIVE: "accuracy passed, no change found, but the interval is too wide to rule one out",
+    Verdict.REJECTED: "accuracy check failed",
+    Status.FAILED: "the attempt crashed",
 }
 
 
 def _parts(tables: Mapping[str, pd.DataFrame], labels: Sequence[str], figures: Sequence[go.Figure],
            *, best: str | None) -> list[str | go.Figure]:
     attempts = tables["attempts"]
-    verdicts = {label: ("failed" if s == "failed" else v or "unknown")
+    verdicts = {label: (Status.FAILED if s == Status.FAILED else v or "unknown")
                 for label, v, s in zip(labels, attempts[VERDICT], attempts[STATUS])}
     best_verdict = attempts.loc[attempts[BEST], VERDICT].iloc[0] if attempts[BEST].any() else None
     if best is None:
         headline = "No attempt passed: there is no baseline to ship."
-    elif best_verdict == "baseline":
+    elif best_verdict == Verdict.BASELINE:
         headline = f"Best attempt: <b>{_e(best)}</b> (a baseline: no attempt was faster beyond the noise)."
     else:
         headline = f"Best attempt: <b>{_e(best)}</b>, the largest speed-up among the attempts that are better."

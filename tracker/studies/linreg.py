@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracker.api import Study
+from tracker.api import Study, StudySetup
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 
@@ -35,7 +35,7 @@ def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
         return {"quality.mse": float(np.mean((pred - y_test) ** 2)), "quality.test_rows": float(len(y_test))}
 
     session = session or SessionConfig()
-    with Study("linreg", feeds=feeds, experiment=experiment, config=measure, evaluate=quality,
+    with Study("linreg", feeds=feeds, experiment=experiment, config=measure, setup=StudySetup(evaluate=quality),
                params={"data": "sklearn diabetes", "split.random_state": "11", "model": "LinearRegression"}) as study:
         study.attempt("baseline", onx, session=session,
                       description="skl2onnx LinearRegression, ORT default session settings")
