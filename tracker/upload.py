@@ -146,23 +146,23 @@ def _upload_record(folder: Path, record: AttemptRecord) -> tuple[str, dict[str, 
     Returns the run's id and the parts MLflow refused. A failure discards the run this try made (the
     record stays), unless it is an outage: then the next try discards it.
     """
-    from tracker.store import write
+    from tracker.store import kept_runs
 
     marker = _read_marker(folder)
     if marker is not None:
-        if marker.get("done") and write.kept_run_status(marker["run_id"]) is not None:
+        if marker.get("done") and kept_runs.kept_run_status(marker["run_id"]) is not None:
             shutil.rmtree(folder)  # logged whole by a try cut off before it could remove the record
             return marker["run_id"], {}
-        write.discard_kept_run(marker["run_id"])  # a run cut off halfway
+        kept_runs.discard_kept_run(marker["run_id"])  # a run cut off halfway
     with deferred():  # the run and the note of it in the folder come together
-        run_id = write.create_kept_run(record, source=folder)
+        run_id = kept_runs.create_kept_run(record, source=folder)
         _write_marker(folder, run_id, done=False)
     try:
-        left_out = write.fill_kept_run(run_id, record)
+        left_out = kept_runs.fill_kept_run(run_id, record)
     except Exception as e:
         if not faults.is_outage(e):
             with contextlib.suppress(Exception):
-                write.discard_kept_run(run_id)
+                kept_runs.discard_kept_run(run_id)
                 (folder / MARKER_FILE).unlink()
         raise
     _write_marker(folder, run_id, done=True)
@@ -223,7 +223,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     from tracker import compare
     from tracker.report.rows import study_counts
     from tracker.report.study import build_study_report
-    from tracker.store import read, write
+    from tracker.store import kept_runs, read
 
     try:
         (parent,) = read.fetch_runs([run_id], tables=())
@@ -233,7 +233,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     if parent.tags.get(TAG_ROLE) != ROLE_STUDY:
         return False  # a run of the user's own that attempts were nested in: not the tracker's to end
     if TAG_BEST in parent.tags:  # its process logged the summary and the report
-        write.end_uploaded_study(run_id)
+        kept_runs.end_uploaded_study(run_id)
         return False
     comparison = compare.load_comparison(study_run_id=run_id)
     rows, best = comparison.rows, comparison.best
@@ -242,7 +242,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     study = parent.tags.get(TAG_STUDY, parent.name)
     with tempfile.TemporaryDirectory(prefix="tracker-upload-") as tmp:
         built = build_study_report(rows, tmp, study=study, best=best)
-        write.end_uploaded_study(run_id, summary=summary, report=built)
+        kept_runs.end_uploaded_study(run_id, summary=summary, report=built)
     logger.info("study %s (run %s): summary and report logged from %d attempt runs, best: %s",
                 study, run_id, len(rows), best or NO_BEST)
     return True

@@ -26,7 +26,7 @@ from tracker.base.keys import TAG_NOT_LOGGED
 from tracker.cli import main
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import RECORD_FILE, AttemptRecord, find_records, save_record
-from tracker.store import write
+from tracker.store import kept_runs
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
@@ -133,9 +133,9 @@ def test_an_upload_cut_off_midway_leaves_one_run_per_record_after_the_next(store
     mlflow.set_tracking_uri(store)
     halfway, logged = _kept(tmp_path, "halfway"), _kept(tmp_path, "logged")
     # A try that died after creating the run of "halfway", and one that died after logging "logged" whole.
-    partial = write.create_kept_run(AttemptRecord("halfway", "kept", "onnxruntime"), source=halfway)
+    partial = kept_runs.create_kept_run(AttemptRecord("halfway", "kept", "onnxruntime"), source=halfway)
     upload._write_marker(halfway, partial, done=False)
-    whole = write.create_kept_run(AttemptRecord("logged", "kept", "onnxruntime"), source=logged)
+    whole = kept_runs.create_kept_run(AttemptRecord("logged", "kept", "onnxruntime"), source=logged)
     upload._write_marker(logged, whole, done=True)
 
     done = upload.upload_outbox(tmp_path / "outbox")

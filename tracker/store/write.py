@@ -1,25 +1,22 @@
-"""Writing to the tracking store: study runs, nested attempt runs, and what each run carries.
+"""Writing a study to the tracking store as it runs: the study run, its nested attempt runs, what an attempt
+record logs on its run (each part on its own, a refused one left out and named), and the study's summary.
 
-Connecting is `tracker.store.connect`'s; reading studies back (for `tracker compare`) is `tracker.store.read`'s.
+The model and feeds in MLflow's forms are `tracker.store.model_and_feeds`'; the runs of records the outbox kept
+are `tracker.store.kept_runs`'. Connecting is `tracker.store.connect`'s; reading studies back (for
+`tracker compare`) is `tracker.store.read`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
-import tempfile
 import traceback
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import mlflow
-import numpy as np
-import onnx
 import pandas as pd
-from mlflow.data.meta_dataset import MetaDataset
 
 from tracker.base.keys import (
     NO_BEST,
@@ -30,17 +27,11 @@ from tracker.base.keys import (
     TAG_ATTEMPT,
     TAG_BEST,
     TAG_ERROR,
-    TAG_MODEL_FORMAT,
     TAG_NOT_LOGGED,
     TAG_ROLE,
     TAG_RUNTIME,
     TAG_STATUS,
     TAG_STUDY,
-    TAG_SUPERSEDED_BY,
-    TAG_UPLOADED_FROM,
-    TAG_UPLOADED_LATER,
-    feeds_dataset_name,
-    logged_model_name,
     sanitize_key,
 )
 from tracker.base.model_io import load_model
@@ -51,9 +42,7 @@ from tracker.profile import columns as C
 from tracker.run.record import AttemptRecord
 from tracker.store import faults
 from tracker.store.connect import ensure_reachable
-
-if TYPE_CHECKING:
-    from tracker.report.study import StudyReport
+from tracker.store.model_and_feeds import feeds_dataset, log_onnx_flavor, log_plain_model, tensor_signature
 
 logger = logging.getLogger(__name__)
 
@@ -234,7 +223,7 @@ def _record_parts(record: AttemptRecord):
     for path, folder in record.files.items():
         yield f"file {Path(path).name}", lambda path=path, folder=folder: mlflow.log_artifact(path, folder)
     if record.feeds is not None:
-        yield "dataset", lambda: mlflow.log_input(_feeds_dataset(record), context="inference")
+        yield "dataset", lambda: mlflow.log_input(feeds_dataset(record), context="inference")
 
 
 def _log_table_file(artifact_dir: Path, name: str) -> None:
@@ -248,37 +237,14 @@ def _log_model(record: AttemptRecord, left_out: dict[str, str]) -> None:
     path = Path(record.model_path)
     if record.model_flavor:
         model = load_model(path, check=False)  # by content: a protobuf named .json too
-        signature, why_not = _signature(model)
+        signature, why_not = tensor_signature(model)
         if why_not:
             left_out["model signature"] = why_not
-        elif _log_part("model signature", lambda: _log_flavor(model, record, signature), left_out):
+        elif _log_part("model signature", lambda: log_onnx_flavor(model, record, signature), left_out):
             return
-        if _log_part("onnx flavor", lambda: _log_flavor(model, record, None), left_out):
+        if _log_part("onnx flavor", lambda: log_onnx_flavor(model, record, None), left_out):
             return
-    _log_plain_model(path, why="custom-domain op" if not record.model_flavor else "MLflow refused the onnx flavor")
-
-
-def _log_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) -> None:
-    # No input_example: it would make MLflow load and run the model once more.
-    tags = {TAG_ATTEMPT: record.attempt, **({TAG_STUDY: record.study} if record.study else {})}
-    mlflow.onnx.log_model(
-        onnx_model=model,
-        name=logged_model_name(record.study, record.attempt),
-        tags=tags,
-        signature=signature,
-        pip_requirements=_pip_requirements(),
-        onnx_execution_providers=["CPUExecutionProvider"],
-    )
-
-
-def _log_plain_model(path: Path, *, why: str) -> None:
-    """The onnx flavor's pyfunc would fail on an op ORT does not know: the model as a file, always
-    `model/model.onnx` (with its weights in it) whatever the attempt's file was called."""
-    with tempfile.TemporaryDirectory(prefix="tracker-model-") as tmp:
-        plain = Path(tmp) / "model.onnx"
-        onnx.save_model(load_model(path, check=False), str(plain))
-        mlflow.log_artifact(str(plain), "model")
-    mlflow.set_tag(TAG_MODEL_FORMAT, f"plain artifact ({why})")
+    log_plain_model(path, why="custom-domain op" if not record.model_flavor else "MLflow refused the onnx flavor")
 
 
 def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -288,185 +254,6 @@ def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
 def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
     # log_table writes JSON: nullable ints and NaN become None
     return table.astype(object).where(table.notna(), None)
-
-
-class _FeedsDataset(MetaDataset):
-    """An MLflow dataset that holds a description only (`MetaDataset`), with a profile the UI shows."""
-
-    def __init__(self, source, *, name: str, digest: str, schema, profile: dict[str, object]) -> None:
-        self._profile = profile
-        super().__init__(source, name=name, digest=digest, schema=schema)
-
-    @property
-    def profile(self) -> dict[str, object]:
-        return self._profile
-
-    def to_dict(self) -> dict[str, str]:
-        return {**super().to_dict(), "profile": json.dumps(self._profile)}
-
-
-def _feeds_dataset(record: AttemptRecord) -> _FeedsDataset:
-    """The record's feeds as an MLflow dataset: names, dtypes and shapes as a tensor schema and a profile,
-    and the digest of their values; the arrays themselves stay out of the store."""
-    from mlflow.data.code_dataset_source import CodeDatasetSource
-    from mlflow.types import Schema, TensorSpec
-
-    feeds = record.feeds
-    # numpy's fixed-width strings have no TensorSpec type; ONNX Runtime takes strings as objects anyway
-    schema = Schema([TensorSpec(np.dtype(object if np.dtype(s.dtype).kind in "OSU" else s.dtype), tuple(s.shape),
-                                s.name) for s in feeds.inputs])
-    # The UI lists a profile's entries as "key: value": one line per input, then the totals.
-    profile = {**{s.name: s.describe() for s in feeds.inputs}, "total inputs": len(feeds.inputs),
-               "total nbytes": feeds.nbytes}
-    # The same source whether the run is logged live or uploaded later: the study (or lone attempt) it ran in.
-    source = CodeDatasetSource({TAG_STUDY: record.study} if record.study else {TAG_ATTEMPT: record.attempt})
-    return _FeedsDataset(source, name=feeds_dataset_name(record.study, record.attempt), digest=feeds.digest,
-                         schema=schema, profile=profile)
-
-
-def _signature(model: onnx.ModelProto):
-    """(the model's tensor signature, symbolic dims as -1; None) or (None, why it has none): MLflow's signature
-    describes tensors only, so a model with no inputs, or with a sequence or map (a skl2onnx classifier's
-    ZipMap), is logged without one."""
-    from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
-    from onnx import helper
-
-    initializers = {t.name for t in model.graph.initializer}
-    inputs = [v for v in model.graph.input if v.name not in initializers]
-    if not inputs:
-        return None, "the model has no inputs, and an MLflow signature needs at least one"
-    for side, values in (("input", inputs), ("output", model.graph.output)):
-        for v in values:
-            kind = v.type.WhichOneof("value")
-            if kind != "tensor_type" or v.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
-                return None, (f"{side} {v.name!r} is a {_value_kind(v.type)}, not a tensor; an MLflow signature "
-                              "describes tensors only")
-
-    def specs(values) -> Schema:
-        out = []
-        for v in values:
-            t = v.type.tensor_type
-            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
-            out.append(TensorSpec(helper.tensor_dtype_to_np_dtype(t.elem_type), dims, v.name))
-        return Schema(out)
-
-    return ModelSignature(inputs=specs(inputs), outputs=specs(model.graph.output)), None
-
-
-def _value_kind(value_type: onnx.TypeProto) -> str:
-    """'sequence of map', 'map', 'optional', ... of an ONNX value type."""
-    kind = value_type.WhichOneof("value")
-    if kind == "sequence_type":
-        return f"sequence of {_value_kind(value_type.sequence_type.elem_type)}"
-    if kind == "optional_type":
-        return f"optional {_value_kind(value_type.optional_type.elem_type)}"
-    return {"map_type": "map", "tensor_type": "tensor", "sparse_tensor_type": "sparse tensor"}.get(kind, "value of "
-                                                                                                    "unknown type")
-
-
-def _pip_requirements() -> list[str]:
-    from importlib import metadata
-
-    return [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime")]
-
-
-@defers_sigterm
-def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
-    """Creates the run of a record the outbox kept (`tracker.upload`), empty; returns its id.
-
-    The run goes under its study run and into its experiment when they still exist, and it starts at
-    `record.start_time_ms` (when it would have started), so the study's attempts keep their order.
-    """
-    from mlflow.tracking.context.registry import resolve_tags
-    from mlflow.tracking.fluent import _get_experiment_id
-    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-
-    client = mlflow.MlflowClient()
-    tags = {TAG_ATTEMPT: record.attempt, TAG_RUNTIME: record.runtime, TAG_ROLE: ROLE_ATTEMPT,
-            TAG_UPLOADED_FROM: str(source)}
-    if record.study:
-        tags[TAG_STUDY] = record.study
-    experiment_id = record.experiment_id
-    if experiment_id and not _experiment_exists(client, experiment_id):
-        experiment_id = None
-    if record.parent_run_id and _run_exists(client, record.parent_run_id):
-        tags[MLFLOW_PARENT_RUN_ID] = record.parent_run_id
-        experiment_id = client.get_run(record.parent_run_id).info.experiment_id  # a child lives with its parent
-    run = client.create_run(experiment_id or _get_experiment_id(), start_time=record.start_time_ms,
-                            tags=resolve_tags(tags), run_name=record.attempt)
-    return run.info.run_id
-
-
-@defers_sigterm
-def fill_kept_run(run_id: str, record: AttemptRecord) -> dict[str, str]:
-    """Logs a kept record on the run `create_kept_run` made, and ends it with the record's status; returns the
-    parts MLflow refused (`log_record`). A run created for the record before the failure that sent it to the
-    outbox is marked FAILED and `tracker.superseded_by` this one. On an error the run ends FAILED."""
-    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
-    try:
-        left_out = log_record(record)
-    except BaseException:
-        end_run_quietly("FAILED")
-        raise
-    mlflow.end_run(status=record.status)
-    client = mlflow.MlflowClient()
-    if record.run_id and record.run_id != run_id and _run_exists(client, record.run_id):
-        client.set_tag(record.run_id, TAG_SUPERSEDED_BY, run_id)
-        client.set_terminated(record.run_id, status="FAILED")
-    return left_out
-
-
-def kept_run_status(run_id: str) -> str | None:
-    """The status of a run an upload made (FINISHED, FAILED, RUNNING...), None when it is gone or deleted."""
-    try:
-        run = mlflow.MlflowClient().get_run(run_id)
-    except mlflow.exceptions.MlflowException as e:
-        if faults.is_outage(e):
-            raise
-        return None
-    return None if run.info.lifecycle_stage == "deleted" else run.info.status
-
-
-@defers_sigterm
-def discard_kept_run(run_id: str) -> None:
-    """Deletes the run an earlier, cut-off upload of a record made, so that each record has one run."""
-    if kept_run_status(run_id) is not None:
-        mlflow.MlflowClient().delete_run(run_id)
-
-
-@defers_sigterm
-def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = None,
-                       report: StudyReport | None = None) -> None:
-    """Logs on a study run the summary (`log_study_summary`'s arguments) and the report its process could
-    not, when given, and tags it `tracker.uploaded_later`. A run an outage left RUNNING ends FINISHED; one
-    that had ended keeps its status."""
-    status = mlflow.MlflowClient().get_run(run_id).info.status
-    status = "FINISHED" if status == "RUNNING" else status
-    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
-    try:
-        mlflow.set_tag(TAG_UPLOADED_LATER, "true")
-        if summary is not None:
-            log_study_summary(**summary)
-        if report is not None:
-            log_study_report(report.html, report.tables)
-    finally:
-        end_run_quietly(status)
-
-
-def _run_exists(client, run_id: str) -> bool:
-    try:
-        client.get_run(run_id)
-    except mlflow.exceptions.MlflowException:
-        return False
-    return True
-
-
-def _experiment_exists(client, experiment_id: str) -> bool:
-    try:
-        return client.get_experiment(experiment_id) is not None
-    except mlflow.exceptions.MlflowException:
-        return False
 
 
 def has_active_run() -> bool:

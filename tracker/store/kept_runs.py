@@ -1,0 +1,129 @@
+"""The runs of records the outbox kept (`tracker.upload`): creating one, filling it, checking or discarding what
+an earlier upload left, and ending a study run whose process could not.
+
+Logging a record on a run is `tracker.store.write.log_record`'s, the same as when the study ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import mlflow
+
+from tracker.base.keys import (
+    ROLE_ATTEMPT,
+    TAG_ATTEMPT,
+    TAG_ROLE,
+    TAG_RUNTIME,
+    TAG_STUDY,
+    TAG_SUPERSEDED_BY,
+    TAG_UPLOADED_FROM,
+    TAG_UPLOADED_LATER,
+)
+from tracker.base.termination import defers_sigterm
+from tracker.run.record import AttemptRecord
+from tracker.store import faults
+from tracker.store.write import end_run_quietly, log_record, log_study_report, log_study_summary
+
+if TYPE_CHECKING:
+    from tracker.report.study import StudyReport
+
+
+@defers_sigterm
+def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
+    """Creates the run of a record the outbox kept (`tracker.upload`), empty; returns its id.
+
+    The run goes under its study run and into its experiment when they still exist, and it starts at
+    `record.start_time_ms` (when it would have started), so the study's attempts keep their order.
+    """
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.tracking.fluent import _get_experiment_id
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    client = mlflow.MlflowClient()
+    tags = {TAG_ATTEMPT: record.attempt, TAG_RUNTIME: record.runtime, TAG_ROLE: ROLE_ATTEMPT,
+            TAG_UPLOADED_FROM: str(source)}
+    if record.study:
+        tags[TAG_STUDY] = record.study
+    experiment_id = record.experiment_id
+    if experiment_id and not _experiment_exists(client, experiment_id):
+        experiment_id = None
+    if record.parent_run_id and _run_exists(client, record.parent_run_id):
+        tags[MLFLOW_PARENT_RUN_ID] = record.parent_run_id
+        experiment_id = client.get_run(record.parent_run_id).info.experiment_id  # a child lives with its parent
+    run = client.create_run(experiment_id or _get_experiment_id(), start_time=record.start_time_ms,
+                            tags=resolve_tags(tags), run_name=record.attempt)
+    return run.info.run_id
+
+
+@defers_sigterm
+def fill_kept_run(run_id: str, record: AttemptRecord) -> dict[str, str]:
+    """Logs a kept record on the run `create_kept_run` made, and ends it with the record's status; returns the
+    parts MLflow refused (`log_record`). A run created for the record before the failure that sent it to the
+    outbox is marked FAILED and `tracker.superseded_by` this one. On an error the run ends FAILED."""
+    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+    try:
+        left_out = log_record(record)
+    except BaseException:
+        end_run_quietly("FAILED")
+        raise
+    mlflow.end_run(status=record.status)
+    client = mlflow.MlflowClient()
+    if record.run_id and record.run_id != run_id and _run_exists(client, record.run_id):
+        client.set_tag(record.run_id, TAG_SUPERSEDED_BY, run_id)
+        client.set_terminated(record.run_id, status="FAILED")
+    return left_out
+
+
+def kept_run_status(run_id: str) -> str | None:
+    """The status of a run an upload made (FINISHED, FAILED, RUNNING...), None when it is gone or deleted."""
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException as e:
+        if faults.is_outage(e):
+            raise
+        return None
+    return None if run.info.lifecycle_stage == "deleted" else run.info.status
+
+
+@defers_sigterm
+def discard_kept_run(run_id: str) -> None:
+    """Deletes the run an earlier, cut-off upload of a record made, so that each record has one run."""
+    if kept_run_status(run_id) is not None:
+        mlflow.MlflowClient().delete_run(run_id)
+
+
+@defers_sigterm
+def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = None,
+                       report: StudyReport | None = None) -> None:
+    """Logs on a study run the summary (`log_study_summary`'s arguments) and the report its process could
+    not, when given, and tags it `tracker.uploaded_later`. A run an outage left RUNNING ends FINISHED; one
+    that had ended keeps its status."""
+    status = mlflow.MlflowClient().get_run(run_id).info.status
+    status = "FINISHED" if status == "RUNNING" else status
+    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
+    try:
+        mlflow.set_tag(TAG_UPLOADED_LATER, "true")
+        if summary is not None:
+            log_study_summary(**summary)
+        if report is not None:
+            log_study_report(report.html, report.tables)
+    finally:
+        end_run_quietly(status)
+
+
+def _run_exists(client, run_id: str) -> bool:
+    try:
+        client.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        return False
+    return True
+
+
+def _experiment_exists(client, experiment_id: str) -> bool:
+    try:
+        return client.get_experiment(experiment_id) is not None
+    except mlflow.exceptions.MlflowException:
+        return False

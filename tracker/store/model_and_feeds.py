@@ -1,0 +1,125 @@
+"""An attempt's model and feeds in the forms MLflow logs them: the onnx flavor with its tensor signature, the
+model as a plain file when the flavor is refused, and the feeds as a dataset that describes them.
+
+Which form a run gets, and what is left out when MLflow refuses one, is `tracker.store.write.log_record`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import onnx
+from mlflow.data.meta_dataset import MetaDataset
+
+from tracker.base.keys import TAG_ATTEMPT, TAG_MODEL_FORMAT, TAG_STUDY, feeds_dataset_name, logged_model_name
+from tracker.base.model_io import load_model
+from tracker.run.record import AttemptRecord
+
+
+def log_onnx_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) -> None:
+    """Logs `model` with the onnx flavor as the record's logged model, with `signature` (None: without one)."""
+    # No input_example: it would make MLflow load and run the model once more.
+    tags = {TAG_ATTEMPT: record.attempt, **({TAG_STUDY: record.study} if record.study else {})}
+    mlflow.onnx.log_model(
+        onnx_model=model,
+        name=logged_model_name(record.study, record.attempt),
+        tags=tags,
+        signature=signature,
+        pip_requirements=_pip_requirements(),
+        onnx_execution_providers=["CPUExecutionProvider"],
+    )
+
+
+def log_plain_model(path: Path, *, why: str) -> None:
+    """The onnx flavor's pyfunc would fail on an op ORT does not know: the model as a file, always
+    `model/model.onnx` (with its weights in it) whatever the attempt's file was called."""
+    with tempfile.TemporaryDirectory(prefix="tracker-model-") as tmp:
+        plain = Path(tmp) / "model.onnx"
+        onnx.save_model(load_model(path, check=False), str(plain))
+        mlflow.log_artifact(str(plain), "model")
+    mlflow.set_tag(TAG_MODEL_FORMAT, f"plain artifact ({why})")
+
+
+class _FeedsDataset(MetaDataset):
+    """An MLflow dataset that holds a description only (`MetaDataset`), with a profile the UI shows."""
+
+    def __init__(self, source, *, name: str, digest: str, schema, profile: dict[str, object]) -> None:
+        self._profile = profile
+        super().__init__(source, name=name, digest=digest, schema=schema)
+
+    @property
+    def profile(self) -> dict[str, object]:
+        return self._profile
+
+    def to_dict(self) -> dict[str, str]:
+        return {**super().to_dict(), "profile": json.dumps(self._profile)}
+
+
+def feeds_dataset(record: AttemptRecord) -> _FeedsDataset:
+    """The record's feeds as an MLflow dataset: names, dtypes and shapes as a tensor schema and a profile,
+    and the digest of their values; the arrays themselves stay out of the store."""
+    from mlflow.data.code_dataset_source import CodeDatasetSource
+    from mlflow.types import Schema, TensorSpec
+
+    feeds = record.feeds
+    # numpy's fixed-width strings have no TensorSpec type; ONNX Runtime takes strings as objects anyway
+    schema = Schema([TensorSpec(np.dtype(object if np.dtype(s.dtype).kind in "OSU" else s.dtype), tuple(s.shape),
+                                s.name) for s in feeds.inputs])
+    # The UI lists a profile's entries as "key: value": one line per input, then the totals.
+    profile = {**{s.name: s.describe() for s in feeds.inputs}, "total inputs": len(feeds.inputs),
+               "total nbytes": feeds.nbytes}
+    # The same source whether the run is logged live or uploaded later: the study (or lone attempt) it ran in.
+    source = CodeDatasetSource({TAG_STUDY: record.study} if record.study else {TAG_ATTEMPT: record.attempt})
+    return _FeedsDataset(source, name=feeds_dataset_name(record.study, record.attempt), digest=feeds.digest,
+                         schema=schema, profile=profile)
+
+
+def tensor_signature(model: onnx.ModelProto):
+    """(the model's tensor signature, symbolic dims as -1; None) or (None, why it has none): MLflow's signature
+    describes tensors only, so a model with no inputs, or with a sequence or map (a skl2onnx classifier's
+    ZipMap), is logged without one."""
+    from mlflow.models import ModelSignature
+    from mlflow.types import Schema, TensorSpec
+    from onnx import helper
+
+    initializers = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in initializers]
+    if not inputs:
+        return None, "the model has no inputs, and an MLflow signature needs at least one"
+    for side, values in (("input", inputs), ("output", model.graph.output)):
+        for v in values:
+            kind = v.type.WhichOneof("value")
+            if kind != "tensor_type" or v.type.tensor_type.elem_type == onnx.TensorProto.UNDEFINED:
+                return None, (f"{side} {v.name!r} is a {_value_kind(v.type)}, not a tensor; an MLflow signature "
+                              "describes tensors only")
+
+    def specs(values) -> Schema:
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)
+            out.append(TensorSpec(helper.tensor_dtype_to_np_dtype(t.elem_type), dims, v.name))
+        return Schema(out)
+
+    return ModelSignature(inputs=specs(inputs), outputs=specs(model.graph.output)), None
+
+
+def _value_kind(value_type: onnx.TypeProto) -> str:
+    """'sequence of map', 'map', 'optional', ... of an ONNX value type."""
+    kind = value_type.WhichOneof("value")
+    if kind == "sequence_type":
+        return f"sequence of {_value_kind(value_type.sequence_type.elem_type)}"
+    if kind == "optional_type":
+        return f"optional {_value_kind(value_type.optional_type.elem_type)}"
+    return {"map_type": "map", "tensor_type": "tensor", "sparse_tensor_type": "sparse tensor"}.get(kind, "value of "
+                                                                                                    "unknown type")
+
+
+def _pip_requirements() -> list[str]:
+    from importlib import metadata
+
+    return [f"{p}=={metadata.version(p)}" for p in ("onnx", "onnxruntime")]
