@@ -17,7 +17,8 @@ from tracker.api import log_attempt
 from tracker.cli import main
 from tracker.measure.accuracy.output_diff import FP32
 from tracker.measure.attempt import MeasureConfig
-from tracker.measure.inputs.feeds import StringKeys, feed_rules, make_feeds, string_keys
+from tracker.measure.inputs.feeds import feed_rules, make_feeds
+from tracker.measure.inputs.model_inputs import StringKeys, string_keys
 from tracker.measure.timing.latency import TimingConfig
 
 WORDS = ["red", "green", "blue"]

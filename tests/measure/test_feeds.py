@@ -13,19 +13,17 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tracker.base.errors import FeedError
+from tracker.measure.inputs.feed_checks import check_feeds, check_indices
 from tracker.measure.inputs.feed_files import load_feeds
-from tracker.measure.inputs.feeds import (
+from tracker.measure.inputs.feeds import feed_rules, make_feeds
+from tracker.measure.inputs.model_inputs import (
     DEFAULT_BATCH,
     DEFAULT_SEQUENCE,
     IndexedTable,
     InputSpec,
-    check_feeds,
-    check_indices,
     default_dim_size,
-    feed_rules,
     index_tables,
     input_specs,
-    make_feeds,
     symbolic_dims,
 )
 from tracker.optimize.add_eyelike import make_linear_model

@@ -14,14 +14,8 @@ import numpy as np
 import onnx
 
 from tracker.base.errors import FeedError
-from tracker.measure.inputs.feeds import (
-    InputSpec,
-    check_feed_names,
-    check_feed_size,
-    check_feeds,
-    check_indices,
-    input_specs,
-)
+from tracker.measure.inputs.feed_checks import check_feed_names, check_feed_size, check_feeds, check_indices
+from tracker.measure.inputs.model_inputs import InputSpec, input_specs
 
 _EXPECTED_FILE = "expected a .npz of arrays by input name (numpy.savez) or a .npy of one array (numpy.save)"
 _OBJECTS_REFUSED = ("object arrays are refused: reading them would unpickle; save strings as a numpy str array, "

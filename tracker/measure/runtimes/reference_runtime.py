@@ -19,7 +19,7 @@ from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 
 from tracker.base.errors import UnsupportedOpError
-from tracker.measure.inputs.feeds import check_feeds
+from tracker.measure.inputs.feed_checks import check_feeds
 from tracker.measure.timing.latency import Latency, TimingConfig, time_runs
 from tracker.profile import columns as C
 from tracker.profile.parse import Profile
