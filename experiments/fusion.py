@@ -6,6 +6,7 @@ The study itself is `tracker.studies.fusion`; this is its command line (MLprojec
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 
 from tracker.base.termination import handle_sigterm
@@ -21,7 +22,8 @@ def run(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_measure_args(parser)
-    parser.add_argument("--seed", type=int, default=0, help="seed of A, B and X")
+    parser.add_argument("--seed", type=int, default=inspect.signature(fusion.run).parameters["seed"].default,
+                        help="seed of A, B and X")
     args = parser.parse_args(argv)
     setup_logging()
     handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143

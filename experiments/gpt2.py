@@ -9,30 +9,41 @@ Without `--model` the real gpt2-small architecture is built from its config with
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 from tracker.base.termination import handle_sigterm
-from tracker.experiment_args import add_measure_args, measure_config, session_config, setup_logging
+from tracker.experiment_args import add_measure_args, field_default, measure_config, session_config, setup_logging
 from tracker.measure.generation.generation import GenerationConfig
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, SCENARIOS, GPT2StudyConfig, run_gpt2_study
 
 
 def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
+    """Adds the study's options, each defaulting to its `GPT2StudyConfig` or `GenerationConfig` field ("" and "all"
+    stand for None)."""
+    study = functools.partial(field_default, GPT2StudyConfig)
     parser.add_argument("--model", default="", help="local directory (or cached name) for from_pretrained")
-    parser.add_argument("--size", default="small", choices=("small", "tiny"), help="architecture built from a config")
+    parser.add_argument("--size", default=study("size"), choices=("small", "tiny"),
+                        help="architecture built from a config")
     parser.add_argument("--config-path", default="", help="a GPT2Config JSON file instead of --size")
-    parser.add_argument("--exporter", default="dynamo", choices=("dynamo", "torchscript"))
-    parser.add_argument("--seq-lens", default="8,32,128", help="sequence lengths timed, comma-separated")
-    parser.add_argument("--headline-seq", type=int, default=32, help="the length profiled and checked")
+    parser.add_argument("--exporter", default=study("exporter"), choices=("dynamo", "torchscript"))
+    parser.add_argument("--seq-lens", default=_joined(study("seq_lens")), help="sequence lengths timed, comma-separated")
+    parser.add_argument("--headline-seq", type=int, default=study("headline_seq"),
+                        help="the length profiled and checked")
     parser.add_argument("--attempts", default="all",
                         help=f"comma-separated registry entries, or 'all' ({','.join(DEFAULT_ATTEMPTS)})")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scenarios", default="forward",
+    parser.add_argument("--seed", type=int, default=study("seed"))
+    parser.add_argument("--scenarios", default=_joined(study("scenarios")),
                         help=f"comma-separated, some of {','.join(SCENARIOS)} (forward always runs)")
-    parser.add_argument("--gen-prefill-lens", default="32,128",
+    parser.add_argument("--gen-prefill-lens", default=_joined(field_default(GenerationConfig, "prefill_lens")),
                         help="generation: prompt lengths of the prompt pass; the largest is timed against the baseline")
-    parser.add_argument("--gen-past-lens", default="32,128,512",
+    parser.add_argument("--gen-past-lens", default=_joined(field_default(GenerationConfig, "decode_past_lens")),
                         help="generation: past lengths of the decode step; the largest is timed against the baseline")
+
+
+def _joined(values: tuple) -> str:
+    """A tuple default as its option text: (8, 32, 128) -> "8,32,128"."""
+    return ",".join(str(v) for v in values)
 
 
 def _ints(value: str, option: str) -> tuple[int, ...]:

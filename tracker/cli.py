@@ -42,6 +42,9 @@ def _error(text: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from tracker.experiment_args import FieldDefault, field_default, measure_class, session_class
+    from tracker.measure.timing.latency import TimingConfig
+
     parser = argparse.ArgumentParser(prog="tracker", description=__doc__)
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     _add_optimize_parser(sub)
@@ -62,10 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                    help=".npz of arrays by input name, or .npy for a one-input model (default: generated)")
     _add_feed_options(p)
     p.add_argument("--name", default="", help="attempt name, the run name (default: the model file's stem)")
-    p.add_argument("--runs", type=int, default=20, help="profiled runs (the first is dropped from tables)")
-    p.add_argument("--opt-level", choices=("disable", "basic", "extended", "layout", "all"), default="all")
+    p.add_argument("--runs", type=int, action=FieldDefault, field=(measure_class, "profile_runs"),
+                   help="profiled runs (the first is dropped from tables)")
+    p.add_argument("--opt-level", choices=("disable", "basic", "extended", "layout", "all"), action=FieldDefault,
+                   field=(session_class, "graph_optimization_level"))
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: core count)")
-    p.add_argument("--min-seconds", type=float, default=1.0, help="latency loop: at least this long")
+    p.add_argument("--min-seconds", type=float, default=field_default(TimingConfig, "min_seconds"),
+                   help="latency loop: at least this long")
     p.add_argument("--experiment", default=None, help="MLflow experiment name")
     p.add_argument("--top", type=int, default=15)
     p.set_defaults(func=_profile)
@@ -85,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_optimize_parser(sub) -> None:
-    from tracker.experiment_args import add_measure_args
+    from tracker.experiment_args import FieldDefault, add_measure_args
 
     o = sub.add_parser(
         "optimize", help="run every registry attempt that applies to a model, each as a run; print the comparison",
@@ -98,8 +104,8 @@ def _add_optimize_parser(sub) -> None:
                    help=".npz of arrays by input name, or .npy for a one-input model (default: generated, valid "
                         "for token ids, masks and token types; symbolic dims batch 1, sequence 128, else --dim)")
     _add_feed_options(o)
-    o.add_argument("--task", default="raw", help="how outputs are judged: raw (max |diff|), regression, "
-                                                 "classification, embedding, lm")
+    o.add_argument("--task", action=FieldDefault, field=(_own_class, "task"),
+                   help="how outputs are judged: raw (max |diff|), regression, classification, embedding, lm")
     o.add_argument("--attempts", default="", metavar="A,B",
                    help="run only these registry entries; also variants (ENTRY:KNOB=VALUE:KNOB=VALUE) and chains "
                         "(A+B), e.g. int8_dynamic:per_channel=true or attention_fused+int8_dynamic")
@@ -107,7 +113,8 @@ def _add_optimize_parser(sub) -> None:
     o.add_argument("--config", default="", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json giving heads and hidden size (default: read from the graph)")
     o.add_argument("--name", default="", help="the study's name (default: the model file's stem)")
-    o.add_argument("--search", nargs="?", const=True, default=False, type=_flag, metavar="true|false",
+    o.add_argument("--search", nargs="?", const=True, action=FieldDefault, field=(_own_class, "search"), type=_flag,
+                   metavar="true|false",
                    help="search the entries' knobs, a sensitivity fallback and chains for the fastest variant that "
                         "passes --task's check: an accuracy screen, a speed screen, then the leaders in full")
     o.add_argument("--budget", default="", metavar="DURATION",
@@ -253,9 +260,19 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _add_feed_options(parser: argparse.ArgumentParser) -> None:
+    from tracker.experiment_args import FieldDefault
+
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
                         help="size of a symbolic input dim, repeatable or comma-separated (e.g. --dim batch=4,seq=32)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated feeds")
+    parser.add_argument("--seed", type=int, action=FieldDefault, field=(_own_class, "seed"),
+                        help="seed of the generated feeds")
+
+
+def _own_class() -> type:
+    """`OwnModelConfig`, imported when a default is first read (`FieldDefault`)."""
+    from tracker.studies.own import OwnModelConfig
+
+    return OwnModelConfig
 
 
 def _dims(pairs: list[str]) -> dict[str, int]:

@@ -1,11 +1,15 @@
-"""Command-line options every study script shares (they mirror the MLproject parameters)."""
+"""Command-line options every study script shares (they mirror the MLproject parameters), with their defaults read
+from the config dataclasses' fields."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from tracker.measure.timing.latency import TimingConfig
 from tracker.measure.timing.speedup import MIN_ROUNDS, SpeedupConfig
 
 if TYPE_CHECKING:  # imported where used: `tracker` (the CLI) parses these options and must start fast
@@ -13,30 +17,93 @@ if TYPE_CHECKING:  # imported where used: `tracker` (the CLI) parses these optio
     from tracker.measure.runtimes.ort_runtime import SessionConfig
 
 DEFAULT_EXPERIMENT = "onnx-optimization"
+# --threads 0 leaves SessionConfig's own default (the core count, known only on the machine that runs).
+CORE_COUNT_THREADS = 0
 
 
 def add_measure_args(parser: argparse.ArgumentParser) -> None:
     """Adds --profile-runs, --skip-runs, --min-runs, --min-seconds, --speedup-rounds, --speedup-seconds,
-    --threads, --experiment."""
-    parser.add_argument("--profile-runs", type=_positive_int, default=20, help="runs of the profiled session")
-    parser.add_argument("--skip-runs", type=_non_negative_int, default=1, help="warm-up runs left out of per-op tables")
-    parser.add_argument("--min-runs", type=_positive_int, default=50, help="latency: at least this many runs")
-    parser.add_argument("--min-seconds", type=_non_negative_float, default=1.0, help="latency: at least this long")
-    parser.add_argument("--speedup-rounds", type=_rounds, default=SpeedupConfig.rounds,
+    --threads, --experiment; each defaults to its `MeasureConfig`, `TimingConfig` or `SpeedupConfig` field."""
+    parser.add_argument("--profile-runs", type=_positive_int, action=FieldDefault, field=(measure_class, "profile_runs"),
+                        help="runs of the profiled session")
+    parser.add_argument("--skip-runs", type=_non_negative_int, action=FieldDefault, field=(measure_class, "skip_runs"),
+                        help="warm-up runs left out of per-op tables")
+    parser.add_argument("--min-runs", type=_positive_int, default=field_default(TimingConfig, "min_runs"),
+                        help="latency: at least this many runs")
+    parser.add_argument("--min-seconds", type=_non_negative_float, default=field_default(TimingConfig, "min_seconds"),
+                        help="latency: at least this long")
+    parser.add_argument("--speedup-rounds", type=_rounds, default=field_default(SpeedupConfig, "rounds"),
                         help=f"speed-up: rounds of fresh sessions timed against the baseline (>= {MIN_ROUNDS})")
-    parser.add_argument("--speedup-seconds", type=_non_negative_float, default=SpeedupConfig.seconds,
+    parser.add_argument("--speedup-seconds", type=_non_negative_float, default=field_default(SpeedupConfig, "seconds"),
                         help="speed-up: seconds per attempt, sessions included; more rounds while they last")
-    parser.add_argument("--threads", type=_non_negative_int, default=0, help="ORT intra-op threads (0: core count)")
+    parser.add_argument("--threads", type=_non_negative_int, default=CORE_COUNT_THREADS,
+                        help="ORT intra-op threads (0: core count)")
     parser.add_argument(
         "--experiment", default=DEFAULT_EXPERIMENT,
         help="MLflow experiment (ignored under `mlflow run`, which sets its own)",
     )
 
 
+def field_default(cls: type, name: str) -> object:
+    """The default of the dataclass `cls`'s field `name`: an option's default is written there, and only there.
+
+    Raises:
+        TypeError: `cls` has no such field, or it has no plain default (a `default_factory` makes each value).
+    """
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in known:
+        raise TypeError(f"{cls.__name__} has no field {name!r}; its fields are {', '.join(known)}")
+    if known[name].default is dataclasses.MISSING:
+        raise TypeError(f"{cls.__name__}.{name} has no plain default to give an option")
+    return known[name].default
+
+
+class FieldDefault(argparse.Action):
+    """Stores an option's value, as argparse's `store` does; its default is `field_default` of a class that is
+    imported only when argparse first asks for the default.
+
+    Parsing one subcommand never asks for another's defaults, so `tracker summarize` does not import onnx and
+    pandas (seconds) to learn that `optimize --profile-runs` defaults to `MeasureConfig.profile_runs`.
+    `field` is (a function returning the class, the field's name).
+    """
+
+    def __init__(self, option_strings: list[str], dest: str, *, field: tuple[Callable[[], type], str],
+                 **kwargs) -> None:
+        self.field = field
+        super().__init__(option_strings, dest, **kwargs)
+
+    @property
+    def default(self) -> object:
+        if self._default is None:
+            load, name = self.field
+            self._default = field_default(load(), name)
+        return self._default
+
+    @default.setter
+    def default(self, value: object) -> None:  # argparse's None, or `set_defaults(...)` overriding the field
+        self._default = value
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+
+
+def measure_class() -> type[MeasureConfig]:
+    """`MeasureConfig`, imported when called."""
+    from tracker.measure.attempt import MeasureConfig
+
+    return MeasureConfig
+
+
+def session_class() -> type[SessionConfig]:
+    """`SessionConfig`, imported when called."""
+    from tracker.measure.runtimes.ort_runtime import SessionConfig
+
+    return SessionConfig
+
+
 def measure_config(args: argparse.Namespace) -> MeasureConfig:
     """The `MeasureConfig` the parsed options describe."""
     from tracker.measure.attempt import MeasureConfig
-    from tracker.measure.timing.latency import TimingConfig
 
     timing = TimingConfig(min_runs=args.min_runs, min_seconds=args.min_seconds)
     speedup = SpeedupConfig(rounds=args.speedup_rounds, seconds=args.speedup_seconds)
