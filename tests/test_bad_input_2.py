@@ -15,7 +15,7 @@ import mlflow.utils.validation
 import onnx
 import pytest
 
-import tracker.api
+import tracker.study
 from tests.test_bad_input import assert_one_line_error, run_cli, run_names
 from tracker.api import Study
 from tracker.base.keys import MAX_EXPERIMENT_NAME_LENGTH
@@ -100,7 +100,7 @@ def test_the_experiment_name_limit_is_mlflows():
 
 
 def test_a_study_whose_run_cannot_start_leaves_no_work_folder(store, temp_root, monkeypatch):
-    monkeypatch.setattr(tracker.api, "_measure_machine", lambda: None)  # no roofs: seconds saved, nothing else
+    monkeypatch.setattr(tracker.study, "measure_machine_or_none", lambda: None)  # no roofs: seconds saved, nothing else
     client = mlflow.MlflowClient(store)
     client.delete_experiment(client.create_experiment("gone"))
     with pytest.raises(mlflow.exceptions.MlflowException, match="deleted experiment"):

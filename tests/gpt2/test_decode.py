@@ -13,7 +13,7 @@ pytest.importorskip("transformers")
 from tracker.gpt2.decode import DECODE_ATOL, DecoderExport, export_decoder, verify_decoder  # noqa: E402
 from tracker.gpt2.model import SIZES, LoadedGPT2, load_gpt2  # noqa: E402
 from tracker.gpt2.tokens import make_tokens  # noqa: E402
-from tracker.measure.generation.generation import DecoderSession, past_names  # noqa: E402
+from tracker.measure.generation.decoder import DecoderSession, past_names  # noqa: E402
 from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
 
 TINY = SIZES["tiny"]

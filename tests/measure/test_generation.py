@@ -14,7 +14,8 @@ pytest.importorskip("transformers")
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_INT8  # noqa: E402
 from tracker.measure.costmodel import roofline as R  # noqa: E402
 from tracker.measure.costmodel.machine import MachinePeaks  # noqa: E402
-from tracker.measure.generation.generation import DecoderSession, GenerationConfig, measure_generation  # noqa: E402
+from tracker.measure.generation.decoder import DecoderSession  # noqa: E402
+from tracker.measure.generation.generation import GenerationConfig, measure_generation  # noqa: E402
 from tracker.measure.generation.generation_check import compare_generations  # noqa: E402
 from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
 from tracker.measure.timing.latency import TimingConfig  # noqa: E402

@@ -94,9 +94,9 @@ def test_the_feeds_description_counts_nonfinite_values_per_input():
 @pytest.fixture
 def no_machine(monkeypatch):
     """The study's machine roofs are not what these tests look at: skip their 6 s."""
-    import tracker.api
+    import tracker.study
 
-    monkeypatch.setattr(tracker.api, "_measure_machine", lambda: None)
+    monkeypatch.setattr(tracker.study, "measure_machine_or_none", lambda: None)
 
 
 def _nan_bias(model: onnx.ModelProto) -> onnx.ModelProto:

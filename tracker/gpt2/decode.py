@@ -13,7 +13,7 @@ import numpy as np
 
 from tracker.gpt2.export import exported_graph
 from tracker.gpt2.model import LoadedGPT2
-from tracker.measure.generation.generation import INPUT_IDS, LOGITS, DecoderSession, past_names, present_name
+from tracker.measure.generation.decoder import INPUT_IDS, LOGITS, DecoderSession, past_names, present_name
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LogitsDiff, LogitsTolerance, compare_logits
-from tracker.measure.generation.generation import Generation
+from tracker.measure.generation.decoder import Generation
 
 
 @dataclass(frozen=True)
