@@ -142,7 +142,7 @@ MALFORMED = {
     "unknown keys": (_set(colour="blue"), ["Object contains unknown field `colour` - at `$` (known fields: "]),
     "missing keys": (_drop("attempt", "runtime"), ["Object missing required field `attempt`"]),
     "wrong types": (_set(metrics={"latency.p50_ms": "fast"}), ["Expected `float`, got `str` - at `$.metrics[...]`"]),
-    "unknown status": (_set(status="DONE"), ["'status' must be one of FINISHED, FAILED, got 'DONE'"]),
+    "unknown status": (_set(status="DONE"), ["Invalid enum value 'DONE' - at `$.status`"]),
 }
 
 

@@ -14,6 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from tracker.base.errors import ModelError, RecordError, TrackerError
+from tracker.base.vocabulary import RunStatus
 from tracker.measure.inputs.feeds_description import FeedsDescription, FeedSpec
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
@@ -28,7 +29,7 @@ class AttemptRecord(msgspec.Struct, forbid_unknown_fields=True):
 
     Attributes:
         attempt, study, runtime: names (`study` is None for a lone attempt).
-        status: "FINISHED", or "FAILED" when the attempt crashed (then `error` and `traceback` are set).
+        status: `RunStatus.FINISHED`, or `FAILED` when the attempt crashed (then `error` and `traceback` are set).
         params, metrics, tags: what goes on the run.
         artifact_dir: a folder logged as the run's artifact root (tables/, charts/, traces/...).
         files: file path -> artifact folder it goes to (the raw profile, ORT's optimized graph).
@@ -46,7 +47,7 @@ class AttemptRecord(msgspec.Struct, forbid_unknown_fields=True):
     attempt: str
     study: str | None
     runtime: str
-    status: str = "FINISHED"
+    status: RunStatus = RunStatus.FINISHED
     params: dict[str, str] = msgspec.field(default_factory=dict)
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
     tags: dict[str, str] = msgspec.field(default_factory=dict)
@@ -64,7 +65,6 @@ class AttemptRecord(msgspec.Struct, forbid_unknown_fields=True):
     start_time_ms: int | None = None
 
 
-STATUSES = ("FINISHED", "FAILED")
 
 
 def outbox_root() -> Path:
@@ -149,8 +149,6 @@ def load_record(folder: str | Path) -> AttemptRecord:
         _refuse_unknown(data["feeds"], FeedsDescription, "$.feeds", f"record {path}")
         for index, spec in enumerate(data["feeds"]["inputs"]):
             _refuse_unknown(spec, FeedSpec, f"$.feeds.inputs[{index}]", f"record {path}")
-    if record.status not in STATUSES:
-        raise RecordError(f"record {path}: 'status' must be one of {', '.join(STATUSES)}, got {record.status!r}")
     try:
         _check_files(record, folder)
     except _Refused as e:
