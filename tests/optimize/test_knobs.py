@@ -10,7 +10,8 @@ import onnx
 import pytest
 
 from tracker.optimize import REGISTRY, Chain, Context, EntryError, get_entry
-from tracker.optimize.base import Candidate, FunctionEntry
+from tracker.optimize.base import Candidate
+from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.quantize.int4 import Int4
 from tracker.optimize.quantize.int8 import Int8Dynamic
 from tracker.optimize.quantize.int8_static import Int8Static

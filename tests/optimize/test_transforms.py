@@ -9,7 +9,7 @@ import pytest
 
 from tests.optimize.conftest import EXPORTERS, N_LAYER, VOCAB, gpt2_feeds
 from tracker.optimize import REGISTRY, ModelInfo
-from tracker.optimize.base import prepare_output
+from tracker.optimize.model_files import prepare_output
 
 SEQ_LENS = (3, 11)
 TRANSFORMS = [name for name, entry in REGISTRY.items() if entry.kind == "transform"]

@@ -15,8 +15,9 @@ from pathlib import Path
 import onnx
 
 from tracker.optimize import add_eyelike, attention_fusion, fp16, ort_optimizer, session_levels, session_options
-from tracker.optimize.base import KINDS, Candidate, Context, Entry, EntryError, ModelInfo
+from tracker.optimize.base import Candidate, Context, ModelInfo
 from tracker.optimize.chain import SEPARATOR, Chain
+from tracker.optimize.entry import KINDS, Entry, EntryError
 from tracker.optimize.quantize import int4, int8, int8_static
 
 REGISTRY: dict[str, Entry] = {

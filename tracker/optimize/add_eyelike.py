@@ -12,7 +12,9 @@ import onnx
 from onnx import helper
 from onnx.reference.op_run import OpRun
 
-from tracker.optimize.base import Candidate, Context, FunctionEntry, prepare_output, save_proto
+from tracker.optimize.base import Candidate, Context
+from tracker.optimize.entry import FunctionEntry
+from tracker.optimize.model_files import prepare_output, save_proto
 
 DOMAIN = "tracker.fusions"
 OPSET_VERSION = 1

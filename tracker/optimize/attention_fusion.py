@@ -9,15 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tracker.optimize.base import (
-    Candidate,
-    Context,
-    FunctionEntry,
-    copy_model,
-    info_source,
-    prepare_output,
-    transformer,
-)
+from tracker.optimize.base import Candidate, Context, info_source, transformer
+from tracker.optimize.entry import FunctionEntry
+from tracker.optimize.model_files import copy_model, prepare_output
 
 logger = logging.getLogger(__name__)
 

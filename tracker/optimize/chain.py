@@ -8,7 +8,8 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize.base import PRECISIONS, Candidate, Context, Entry
+from tracker.optimize.base import PRECISIONS, Candidate, Context
+from tracker.optimize.entry import Entry
 
 SEPARATOR = "+"
 

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tracker.optimize.base import (
-    Candidate,
-    Context,
-    FunctionEntry,
-    needs_external_data,
-    ort_fused_counts,
-    ort_transformer,
-    prepare_output,
-)
+from tracker.optimize.base import Candidate, Context, ort_fused_counts, ort_transformer
+from tracker.optimize.entry import FunctionEntry
+from tracker.optimize.model_files import needs_external_data, prepare_output
 from tracker.optimize.ort_optimizer import (
     BASIC_OPT_LEVEL,
     fusion_notes,

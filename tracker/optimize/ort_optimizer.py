@@ -5,17 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from tracker.optimize.base import (
-    Candidate,
-    Context,
-    FunctionEntry,
-    ModelInfo,
-    info_source,
-    needs_external_data,
-    ort_fused_counts,
-    ort_transformer,
-    prepare_output,
-)
+from tracker.optimize.base import Candidate, Context, ModelInfo, info_source, ort_fused_counts, ort_transformer
+from tracker.optimize.entry import FunctionEntry
+from tracker.optimize.model_files import needs_external_data, prepare_output
 
 logger = logging.getLogger(__name__)
 

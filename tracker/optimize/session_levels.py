@@ -7,7 +7,7 @@ noise floor of the speed-up on that model.
 
 from __future__ import annotations
 
-from tracker.optimize.base import session_entry
+from tracker.optimize.entry import session_entry
 
 DISABLED = session_entry("ort_opt_disabled", "ORT's session graph optimizations off (ORT_DISABLE_ALL)",
                          "ORT graph optimizations off (ORT_DISABLE_ALL)", graph_optimization_level="disable")

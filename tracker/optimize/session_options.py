@@ -9,7 +9,7 @@ scheduling elsewhere.
 
 from __future__ import annotations
 
-from tracker.optimize.base import session_entry
+from tracker.optimize.entry import session_entry
 
 THREADS_1 = session_entry("ort_threads_1", "ORT with one intra-op thread (intra_op_num_threads=1)",
                           "one intra-op thread (intra_op_num_threads=1)", intra_op_num_threads=1)

@@ -11,17 +11,9 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize.base import (
-    Candidate,
-    Context,
-    Entry,
-    count_ops,
-    float_weights,
-    has_matmul_weights,
-    knob,
-    prepare_output,
-    save_proto,
-)
+from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
+from tracker.optimize.entry import Entry, knob
+from tracker.optimize.model_files import prepare_output, save_proto
 from tracker.optimize.quantize.prepare import model_bytes, prepared
 
 # MatMulNBits' accuracy_level 4 computes with int8 activations (quantized per block inside the kernel)

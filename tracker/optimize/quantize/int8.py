@@ -8,15 +8,9 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize.base import (
-    Candidate,
-    Context,
-    Entry,
-    count_ops,
-    has_matmul_weights,
-    knob,
-    prepare_output,
-)
+from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights
+from tracker.optimize.entry import Entry, knob
+from tracker.optimize.model_files import prepare_output
 from tracker.optimize.quantize.prepare import pre_process_for, prepared
 
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul")

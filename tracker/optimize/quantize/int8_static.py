@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker.optimize.base import Candidate, Context, Entry, count_ops, float_weights, knob, prepare_output
+from tracker.optimize.base import Candidate, Context, count_ops, float_weights
+from tracker.optimize.entry import Entry, knob
+from tracker.optimize.model_files import prepare_output
 from tracker.optimize.quantize.prepare import LARGE_MODEL_BYTES, model_bytes, prepared
 
 logger = logging.getLogger(__name__)

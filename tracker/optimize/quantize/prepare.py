@@ -14,7 +14,8 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize.base import Context, files_state, float_weights, needs_external_data, ort_fused_counts
+from tracker.optimize.base import Context, float_weights, ort_fused_counts
+from tracker.optimize.model_files import files_state, needs_external_data
 
 # From this size on, a model's weights must lie in an external data file (protobuf's 2 GiB limit).
 LARGE_MODEL_BYTES = 2**31 - 1
