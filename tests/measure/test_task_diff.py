@@ -15,11 +15,7 @@ from tests.conftest import FAST_SPEEDUP
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.accuracy.lm_diff import LOGITS_TOLERANCES
 from tracker.measure.accuracy.output_diff import INT8, TOLERANCES
-from tracker.measure.accuracy.task_diff import (
-    CLASSIFICATION_TOLERANCES,
-    EMBEDDING_TOLERANCES,
-    REGRESSION_TOLERANCES,
-    TASKS,
+from tracker.measure.accuracy.task_compare import (
     ClassificationDiff,
     ClassificationTolerance,
     EmbeddingDiff,
@@ -29,6 +25,12 @@ from tracker.measure.accuracy.task_diff import (
     compare_classification,
     compare_embeddings,
     compare_regression,
+)
+from tracker.measure.accuracy.task_diff import (
+    CLASSIFICATION_TOLERANCES,
+    EMBEDDING_TOLERANCES,
+    REGRESSION_TOLERANCES,
+    TASKS,
     task_tolerances,
 )
 
