@@ -156,7 +156,7 @@ def _optimize(args: argparse.Namespace) -> int:
     study = own.run(config, experiment=args.experiment, chosen=chosen)
     print(printable(format_table(own.comparison(study))))
     if study.search_result is not None:
-        from tracker.search.run import format_search
+        from tracker.search.result import format_search
 
         print(printable(format_search(study.search_result)))
     failure = own.study_failure(study.results, study.failures)

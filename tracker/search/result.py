@@ -1,0 +1,140 @@
+"""What a search is given and what it answers: its config (`SearchConfig`), a row per candidate (where it ended and
+why), the result with its counts, metrics and light candidate runs, and the lines the command prints.
+
+Running the stages is `tracker.search.run`'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracker.base.keys import (
+    TAG_ATTEMPT,
+    TAG_FALLBACK_OF,
+    TAG_PIPELINE,
+    TAG_SEARCH_REASON,
+    TAG_SEARCH_STAGE,
+    TAG_SEARCH_STATUS,
+    TAG_STUDY,
+)
+from tracker.search.sensitivity import Sensitivity
+
+STAGES = ("applicability", "accuracy", "fallback", "speed_screen", "full")
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """What a search tries and how much time it has.
+
+    Attributes:
+        budget_s: wall seconds for the whole search (None: no limit), kept within 10 %.
+        entries: registered entries whose spaces are searched (None: the whole registry).
+        per_entry: at most this many variants of one entry's space.
+        max_full: leaders measured in full (nested runs with the calibrated speed-up).
+        max_fallbacks: failing quantizations given the sensitivity fallback.
+        max_chains: chains tried (a faster fp32 graph, then the best quantization).
+        knobs: the values to try per entry and knob, instead of the entry's space, e.g.
+            `{"int8_dynamic": {"per_channel": (False, True), "reduce_range": (False,)}}`.
+    """
+
+    budget_s: float | None = None
+    entries: tuple[str, ...] | None = None
+    per_entry: int | None = None
+    max_full: int = 3
+    max_fallbacks: int = 2
+    max_chains: int = 2
+    knobs: Mapping[str, Mapping[str, tuple]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.budget_s is not None and not self.budget_s > 0:
+            raise ValueError(f"budget_s must be > 0 or None, got {self.budget_s}")
+        if min(self.max_full, 1) < 1 or min(self.max_fallbacks, self.max_chains) < 0:
+            raise ValueError(f"max_full must be >= 1, max_fallbacks and max_chains >= 0; got {self.max_full}, "
+                             f"{self.max_fallbacks}, {self.max_chains}")
+
+
+@dataclass
+class Row:
+    """One candidate of the search: where it ended and why."""
+
+    name: str
+    family: str
+    kind: str
+    stage: str = "applicability"
+    status: str = "screened"  # screened | skipped | failed | timed
+    reason: str = ""
+    precision: str | None = None
+    passed: bool | None = None
+    margin: float | None = None
+    screen_speedup: float | None = None
+    screen_ci_low: float | None = None
+    screen_ci_high: float | None = None
+    size_bytes: int | None = None
+    fallback_of: str | None = None
+    pipeline: str | None = None
+    diff: dict[str, float] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)  # what the candidate's entry did (its knobs among them)
+
+
+@dataclass
+class SearchResult:
+    """What the search did: a row per candidate, the sensitivity fallbacks, seconds per stage."""
+
+    rows: list[Row]
+    sensitivities: list[Sensitivity]
+    stage_seconds: dict[str, float]
+    budget_s: float | None
+    seconds: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        timed = sum(r.status == "timed" for r in self.rows)
+        return {"considered": len(self.rows), "screened_out": len(self.rows) - timed, "timed": timed}
+
+    def candidate_runs(self, study: str) -> list[dict[str, dict]]:
+        """The candidates timed on the screen but not measured in full, as light runs (params, metrics, tags):
+        every timed candidate is then a run of the study, those measured in full being its attempt runs."""
+        runs = []
+        for row in self.rows:
+            if row.screen_speedup is None or row.status == "timed":
+                continue
+            tags = {TAG_ATTEMPT: row.name, TAG_STUDY: study, TAG_SEARCH_STAGE: row.stage, TAG_SEARCH_STATUS: row.status,
+                    TAG_SEARCH_REASON: row.reason}
+            if row.pipeline:
+                tags[TAG_PIPELINE] = row.pipeline
+            if row.fallback_of:
+                tags[TAG_FALLBACK_OF] = row.fallback_of
+            metrics = {"search.screen_speedup": row.screen_speedup, "search.screen_ci_low": row.screen_ci_low,
+                       "search.screen_ci_high": row.screen_ci_high, "search.margin": row.margin,
+                       "model.size_bytes": row.size_bytes, **row.diff}
+            runs.append({"tags": tags, "params": dict(row.params),
+                         "metrics": {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}})
+        return runs
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {f"search.{k}": float(v) for k, v in self.counts().items()}
+        metrics.update({f"search.seconds.{stage}": s for stage, s in self.stage_seconds.items()})
+        metrics["search.seconds"] = self.seconds
+        if self.budget_s is not None:
+            metrics["search.budget_s"] = self.budget_s
+        return metrics
+
+
+def format_search(result: SearchResult) -> str:
+    """What the command line prints after a search: the counts, seconds per stage, and each candidate that was
+    not measured in full with where it stopped and why."""
+    counts = result.counts()
+    budget = "no budget" if result.budget_s is None else f"budget {result.budget_s:.0f} s"
+    stages = ", ".join(f"{stage} {s:.0f} s" for stage, s in result.stage_seconds.items() if s)
+    lines = [f"search: {counts['considered']} candidates, {counts['screened_out']} screened out, {counts['timed']} "
+             f"measured in full; {result.seconds:.0f} s ({budget}): {stages}"]
+    out = [r for r in result.rows if r.status != "timed"]
+    if out:
+        width = min(48, max(len(r.name) for r in out))
+        lines.append("screened out:")
+        for row in out:
+            screen = f"{row.screen_speedup:.2f}x" if row.screen_speedup is not None else "-"
+            lines.append(f"  {row.name[:width].ljust(width)}  {row.stage:<13} {screen:>6}  {row.reason}")
+    return "\n".join(lines)
