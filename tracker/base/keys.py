@@ -40,10 +40,11 @@ ROLE_STUDY = "study"  # a study's parent run
 ROLE_ATTEMPT = "attempt"  # one attempt, nested under its study
 ROLE_CANDIDATE = "candidate"  # a search's candidate timed on the screen only (the attempts are measured in full)
 
-# Values of the `tracker.status` tag (and of a report row's status).
-STATUS_OK = "ok"
-STATUS_DIFF_FAILED = "diff_failed"  # it ran, but its outputs are outside the tolerance
-STATUS_FAILED = "failed"  # it crashed
+# The values of `tracker.status` and `tracker.verdict` are `Status` and `Verdict` (`tracker.base.vocabulary`).
+
+# The accuracy check's verdict among a run's metrics (1 passed, 0 failed): written by every check
+# (`tracker.measure.accuracy`), read back by the schema (`tracker.measure.schema`).
+METRIC_DIFF_PASSED = "diff.passed"
 
 MAX_KEY_LENGTH = 250
 _DISALLOWED = re.compile(r"[^A-Za-z0-9_\-. :/]")

@@ -13,13 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tracker.base.keys import METRIC_DIFF_PASSED
 from tracker.base.vocabulary import GENERATION_PHASES, Phase
 from tracker.measure.costmodel.roofline import MATMULS
 from tracker.measure.timing.speedup import Speedup
 
+GENERATION_PREFIX = "gen."  # the generation phases' keys
 # Forward keys read back by name: the check, the latency, the graph.
-DIFF_PASSED = "diff.passed"
-GEN_DIFF_PASSED = "gen.diff.passed"  # the generation check, along the baseline's tokens: both phases'
+DIFF_PASSED = METRIC_DIFF_PASSED
+GEN_DIFF_PASSED = GENERATION_PREFIX + METRIC_DIFF_PASSED  # the generation check along the baseline's tokens: both phases'
 P50_MS = "latency.p50_ms"
 SPEEDUP_VS_BASELINE = "latency.speedup_vs_baseline"
 DIFF_MAX_ABS = "diff.max_abs"
@@ -28,7 +30,6 @@ TOP1 = "diff.top1_agreement"
 COSINE_MIN = "diff.cosine_min"
 SIZE_BYTES = "model.size_bytes"
 NODE_COUNT = "graph.node_count"
-GENERATION_PREFIX = "gen."
 
 # A speed-up's fields and the suffix of their keys (after the scope's timing prefix).
 _SPEEDUP_KEYS = {"speedup": "speedup", "ci_low": "speedup_ci_low", "ci_high": "speedup_ci_high",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import PRECISIONS, Candidate, Context
 from tracker.optimize.entry import Entry
 
@@ -28,7 +29,7 @@ class Chain(Entry):
         if len(self.steps) < 2:
             raise ValueError(f"a chain has at least two steps, got {[s.name for s in self.steps]}")
         after_session = [s.name for s, nxt in zip(self.steps, self.steps[1:])
-                         if s.kind == "session" and nxt.kind != "session"]
+                         if s.kind == Kind.SESSION and nxt.kind != Kind.SESSION]
         if after_session:
             raise ValueError(f"session settings go last in a chain (they are not a model to rewrite): {after_session} "
                              f"come before a step that rewrites the graph")

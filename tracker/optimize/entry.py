@@ -9,6 +9,7 @@ from pathlib import Path
 
 import onnx
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Applies, Candidate, Context, Make, any_graph
 from tracker.optimize.model_files import files_state
 
@@ -16,7 +17,7 @@ from tracker.optimize.model_files import files_state
 # (optimizer, converter, quantizer), apply a hand-written fusion, or quantize any model's weights with a
 # tool ("quantization": int8 static, int4 weight-only; the GPT-2 study's defaults, every "transform",
 # leave them out).
-KINDS = ("session", "transform", "fusion", "quantization")
+KINDS = tuple(Kind)  # what an entry changes (`tracker.base.vocabulary.Kind`)
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,13 @@ class Entry:
 
     Attributes:
         name: the attempt's name (its run name).
-        kind: one of KINDS.
+        kind: a `Kind`.
         summary: one line for humans: what it does.
         runtimes: the runtimes its candidates run in.
     """
 
     name: str
-    kind: str
+    kind: Kind
     summary: str
     runtimes: tuple[str, ...] = ("onnxruntime",)
     params_prefix = "quantization"
@@ -95,7 +96,7 @@ class Entry:
         candidate = self.make(source, target_dir, context)
         if files_state(source) != before:
             raise EntryError(self.name, f"changed its source {source}")
-        if self.kind == "session":
+        if self.kind == Kind.SESSION:
             if candidate.path != source:
                 raise EntryError(self.name, "a session entry runs its source as it is")
         elif not candidate.path.is_file() or target_dir.resolve() not in candidate.path.resolve().parents:
@@ -195,7 +196,7 @@ class FunctionEntry(Entry):
     """
 
     name: str
-    kind: str
+    kind: Kind
     summary: str
     make: Make
     applies: Applies = any_graph
@@ -203,7 +204,8 @@ class FunctionEntry(Entry):
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
+            raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        object.__setattr__(self, "kind", Kind(self.kind))
 
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         return self.applies(model, context)

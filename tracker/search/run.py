@@ -24,6 +24,7 @@ import onnx
 from tracker.base.keys import TAG_FALLBACK_OF, TAG_SEARCH_STAGE
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received
+from tracker.base.vocabulary import Kind
 from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.attempt import Attempt
 from tracker.measure.runtimes.ort_runtime import SessionConfig
@@ -220,7 +221,7 @@ class _Search:
         if not self.config.max_chains:
             return
         passing = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
-        graphs = [r for r in passing if r.precision == "fp32" and r.kind == "transform" and r.screen_speedup > 1.0
+        graphs = [r for r in passing if r.precision == "fp32" and r.kind == Kind.TRANSFORM and r.screen_speedup > 1.0
                   and r.pipeline is None]
         # Without kept-in-fp32 nodes: those are named after the un-chained graph.
         quants = [r for r in passing if r.precision in ("int8", "int4") and r.pipeline is None

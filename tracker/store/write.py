@@ -23,7 +23,6 @@ from tracker.base.keys import (
     ROLE_ATTEMPT,
     ROLE_CANDIDATE,
     ROLE_STUDY,
-    STATUS_FAILED,
     TAG_ATTEMPT,
     TAG_BEST,
     TAG_ERROR,
@@ -38,6 +37,7 @@ from tracker.base.model_io import load_model
 from tracker.base.redaction import redact_uri, without_credentials
 from tracker.base.steps import StepTimes
 from tracker.base.termination import deferred, defers_sigterm
+from tracker.base.vocabulary import Status
 from tracker.profile import columns as C
 from tracker.run.record import AttemptRecord
 from tracker.store import faults
@@ -163,7 +163,7 @@ def log_failure(error: BaseException | str, traceback_text: str | None = None) -
     if isinstance(error, BaseException):
         traceback_text = traceback_text or "".join(traceback.format_exception(error))
         error = f"{type(error).__name__}: {error}"
-    mlflow.set_tags({TAG_STATUS: STATUS_FAILED, TAG_ERROR: error[:_MAX_TAG_CHARS]})
+    mlflow.set_tags({TAG_STATUS: Status.FAILED, TAG_ERROR: error[:_MAX_TAG_CHARS]})
     mlflow.log_text(traceback_text or error, "error.txt")
 
 

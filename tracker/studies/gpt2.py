@@ -11,6 +11,7 @@ from pathlib import Path
 from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.base.keys import TAG_WEIGHTS
 from tracker.base.steps import StepTimes
+from tracker.base.vocabulary import Kind
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.generation.generation import GenerationConfig
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 # What the study runs by default: every entry that rewrites the model, and weight-only int4 (block 32), where a
 # memory-bound decode step gains most. Session entries would only show ORT's default settings again, the hand-written
 # fusions do not apply to GPT-2, and static int8 measured 0.46x on an encoder (README).
-DEFAULT_ATTEMPTS = (*(name for name, entry in REGISTRY.items() if entry.kind == "transform"), "int4_block32")
+DEFAULT_ATTEMPTS = (*(name for name, entry in REGISTRY.items() if entry.kind == Kind.TRANSFORM), "int4_block32")
 # forward: one pass over seq_lens tokens (every attempt's run); generation: prefill, decode against a KV cache,
 # greedy generation, on a decode-ready export with the attempt's entry applied to it (gen.* on the same run).
 SCENARIOS = ("forward", "generation")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracker.base.keys import METRIC_DIFF_PASSED
 from tracker.measure.accuracy.output_diff import OutputDiff, Tolerance, compare_outputs
 
 
@@ -74,7 +75,7 @@ class LogitsDiff:
             **self.outputs.metrics(),
             "diff.top1_agreement": self.top1_agreement,
             "diff.kl_divergence": self.kl_divergence,
-            "diff.passed": float(self.passed),
+            METRIC_DIFF_PASSED: float(self.passed),
         }
 
     def params(self) -> dict[str, str]:

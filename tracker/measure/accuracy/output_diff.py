@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from tracker.base.keys import METRIC_DIFF_PASSED
 from tracker.measure.accuracy.output_values import paired_parts
 
 
@@ -58,7 +59,7 @@ class OutputDiff:
             "diff.max_rel": self.max_rel,
             "diff.mean_abs": self.mean_abs,
             "diff.nonfinite_mismatches": float(self.nonfinite_mismatches),
-            "diff.passed": float(self.passed),
+            METRIC_DIFF_PASSED: float(self.passed),
         }
 
     def params(self) -> dict[str, str]:

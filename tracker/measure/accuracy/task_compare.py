@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tracker.base.keys import METRIC_DIFF_PASSED
 from tracker.measure.accuracy.output_diff import OutputDiff, Tolerance, compare_outputs, same_nonfinite
 from tracker.measure.accuracy.output_values import paired_parts
 
@@ -110,7 +111,7 @@ class RegressionDiff(_TaskDiff):
     tolerance: RegressionTolerance
 
     def metrics(self) -> dict[str, float]:
-        return {**self.outputs.metrics(), "diff.scaled_error": self.scaled_error, "diff.passed": float(self.passed)}
+        return {**self.outputs.metrics(), "diff.scaled_error": self.scaled_error, METRIC_DIFF_PASSED: float(self.passed)}
 
     def params(self) -> dict[str, str]:
         t = self.tolerance
@@ -131,7 +132,7 @@ class ClassificationDiff(_TaskDiff):
             **self.outputs.metrics(),
             "diff.top1_agreement": self.top1_agreement,
             "diff.max_prob_diff": self.max_prob_diff,
-            "diff.passed": float(self.passed),
+            METRIC_DIFF_PASSED: float(self.passed),
         }
 
     def params(self) -> dict[str, str]:
@@ -154,7 +155,7 @@ class EmbeddingDiff(_TaskDiff):
             **self.outputs.metrics(),
             "diff.cosine_min": self.cosine_min,
             "diff.cosine_mean": self.cosine_mean,
-            "diff.passed": float(self.passed),
+            METRIC_DIFF_PASSED: float(self.passed),
         }
 
     def params(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import onnx
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output, save_proto
@@ -58,7 +59,7 @@ class Int4(Entry):
     symmetric: bool = knob(True, (False, True), short="sym")
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
-    kind = "quantization"
+    kind = Kind.QUANTIZATION
 
     @property
     def summary(self) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output
@@ -42,7 +43,7 @@ class Int8Dynamic(Entry):
     op_types: str = knob("all", OP_TYPES, short="ops")
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
-    kind = "transform"
+    kind = Kind.TRANSFORM
     summary = "ORT's optimizer at opt_level 1, then int8 MatMul weights (dynamic quantization)"
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output
@@ -97,7 +98,7 @@ class Int8Static(Entry):
     op_types: str = knob("MatMul,Gemm,Conv", OP_TYPES, search=("MatMul,Gemm,Conv",), short="ops")
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
-    kind = "quantization"
+    kind = Kind.QUANTIZATION
 
     @property
     def summary(self) -> str:
