@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 # Until a stage has measured one of its own, what it is assumed to cost (seconds).
 _GUESS_S = {"make": 10.0, "screen": 5.0, "long_screen": 10.0, "fallback": 120.0}
-_DEFAULT_CONFIG = SearchConfig()  # frozen: one default shared by every call is safe
 
 
 Optimize = Callable[..., object]  # `Study.optimize`
@@ -48,7 +47,7 @@ Optimize = Callable[..., object]  # `Study.optimize`
 def run_search(
     source: Path, *, feeds: Mapping[str, np.ndarray], baseline: Attempt, baseline_outputs: Sequence[np.ndarray],
     tolerance: TaskTolerance | Mapping[str, TaskTolerance], optimize: Optimize, workdir: Path,
-    config: SearchConfig = _DEFAULT_CONFIG, info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
+    config: SearchConfig = SearchConfig(), info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
     full_attempt_s: float = 60.0, prepared: Path | None = None,
 ) -> SearchResult:
     """Searches the registry's entries and knobs for the fastest candidate that passes the task's check.
