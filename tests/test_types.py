@@ -32,7 +32,8 @@ def test_mypy_finds_no_error_in_the_library():
         pytest.param("def f(x: int = None) -> None: ...\n", "[assignment]", id="no_implicit_optional"),
     ],
 )
-def test_the_config_reports_what_its_settings_are_for(code, reported):
-    result = mypy("-c", code)
+def test_the_config_reports_what_its_settings_are_for(code, reported, tmp_path):
+    (tmp_path / "snippet.py").write_text(code)
+    result = mypy(str(tmp_path / "snippet.py"))  # a file named here is checked instead of the config's `files`
     assert result.returncode == 1, result.stdout + result.stderr
     assert reported in result.stdout, result.stdout + result.stderr
