@@ -132,6 +132,7 @@ def export_decoder(
             dynamic_shapes=dynamic_shapes,
             verbose=False,
         )
+        assert program is not None  # dynamo=True returns the program
         program.save(path, external_data=False)
     seconds = time.perf_counter() - start
     result = DecoderExport(path=path, opset=opset, seconds=seconds, n_layer=n_layer, num_heads=heads,
@@ -218,6 +219,8 @@ def _decoder_module(model):
     class PastLayer(DynamicLayer):
         """A cache layer holding a given past. Its length is the tensor's (DynamicLayer says 0 for an empty
         tensor through `numel() == 0`, a data-dependent branch torch.export would specialize on)."""
+
+        keys: torch.Tensor  # given at once, never None as in a DynamicLayer not yet filled
 
         def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
             super().__init__()

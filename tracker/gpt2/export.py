@@ -7,6 +7,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import onnx
@@ -108,6 +109,7 @@ def export_gpt2(
                 dynamic_shapes={"input_ids": {0: batch, 1: seq}},
                 verbose=False,
             )
+            assert program is not None  # dynamo=True returns the program
             # external_data=False: one file; torch still switches to external data above 2 GB.
             program.save(path, external_data=False)
         else:
@@ -127,7 +129,13 @@ def export_gpt2(
     return result
 
 
-def exported_graph(path: Path) -> dict[str, object]:
+class ExportedGraph(TypedDict):
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    node_count: int
+
+
+def exported_graph(path: Path) -> ExportedGraph:
     """What an export result says of the file it wrote: `input_names` (initializers left out),
     `output_names` and `node_count`."""
     graph = onnx.load(str(path), load_external_data=False).graph

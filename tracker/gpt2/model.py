@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tracker.base.errors import ModelError
 
@@ -13,9 +13,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
+class GPT2Size(TypedDict):
+    """The GPT2Config keyword arguments of one size."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int
+    n_positions: int
+    bos_token_id: NotRequired[int]
+    eos_token_id: NotRequired[int]
+
+
 # GPT2Config keyword arguments per size, kept as plain dicts so importing this module does not import
 # transformers (slow) and callers cannot mutate a shared config object.
-SIZES: dict[str, dict[str, int]] = {
+SIZES: dict[str, GPT2Size] = {
     # The real gpt2-small architecture (these are GPT2Config()'s defaults, spelled out): 124 M parameters.
     "small": {"n_layer": 12, "n_head": 12, "n_embd": 768, "vocab_size": 50257, "n_positions": 1024},
     # For tests: exports in about a second. bos/eos must lie inside the small vocabulary.

@@ -21,7 +21,7 @@ from tracker.base.vocabulary import Verdict
 from tracker.measure.accuracy.lm_diff import LogitsDiff
 from tracker.measure.accuracy.output_diff import FP32, OutputDiff
 from tracker.measure.accuracy.output_values import output_nbytes
-from tracker.measure.accuracy.task_diff import TaskTolerance
+from tracker.measure.accuracy.task_diff import ClassificationDiff, EmbeddingDiff, RegressionDiff, TaskTolerance
 from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
@@ -174,7 +174,7 @@ class AttemptResult:
     phase_rooflines: dict[str, Roofline] = field(default_factory=dict)  # other scenarios' (prefill, decode), by phase
     optimized_model_path: Path | None = None
     outputs: list[np.ndarray] = field(default_factory=list)
-    diff: OutputDiff | LogitsDiff | None = None
+    diff: OutputDiff | LogitsDiff | RegressionDiff | ClassificationDiff | EmbeddingDiff | None = None
     traces: dict[int, str] = field(default_factory=dict)
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved
@@ -266,8 +266,10 @@ def measure_attempt(
         for label, extra in latency_feeds.items():
             logger.info("attempt %s: timing %s", attempt.name, label)
             run(extra)
-            result.latencies[label] = time_runs(lambda extra=extra: run(extra), config.timing)
-    run = None  # free this session before the next ones: a GPT-2 session holds ~1 GB
+            result.latencies[label] = time_runs(functools.partial(run, extra), config.timing)
+    # free this session before the next ones: a GPT-2 session holds ~1 GB (the ignore: `run` is typed as the
+    # runner, and `del run` would confuse linters about the lambdas above that read it)
+    run = None  # type: ignore[assignment]
     if baseline is not None:
         logger.info("attempt %s: timing against %s in %d rounds", attempt.name, baseline.name, config.speedup.rounds)
         with steps.step("speedup"):
@@ -285,6 +287,7 @@ def measure_attempt(
     result.profiled_latency = profiled.latency
     result.profile = profiled.profile
     if result.profile is None:  # the runtime wrote its profile to a file
+        assert profiled.profile_path is not None, "a runtime gives its profile or the file it wrote"
         with steps.step("parsing"):
             result.profile = parse_profile(profiled.profile_path)
     with steps.step("parsing"):

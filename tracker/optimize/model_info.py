@@ -165,7 +165,7 @@ def detect_from_config(config_json: Path) -> Detection:
     if hf_type not in ORT_MODEL_TYPES:
         return Detection(None, f"{path}: model_type {hf_type!r} has no onnxruntime.transformers optimizer type "
                          f"(known: {', '.join(sorted(ORT_MODEL_TYPES))})", None)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (heads, hidden)):
+    if not (isinstance(heads, int) and isinstance(hidden, int)) or isinstance(heads, bool) or isinstance(hidden, bool):
         return Detection(None, f"{path}: heads ({heads!r}) and hidden size ({hidden!r}) must be integers", None)
     try:
         info = ModelInfo(num_heads=heads, hidden_size=hidden, model_type=ORT_MODEL_TYPES[hf_type])
@@ -283,7 +283,7 @@ class _Graph:
         """The width of the first 1-D initializer a Mul reading (eventually) `name` multiplies by."""
         frontier = [name]
         for _ in range(hops):
-            nxt = []
+            nxt: list[str] = []
             for value in frontier:
                 for reader in self.readers.get(value, ()):
                     if reader.op_type == "Mul":
@@ -301,7 +301,7 @@ class _Graph:
 
     def split_heads_dims(self) -> list[tuple[int | None, int | None]]:
         """(heads, head_dim) of every Reshape read by a split-heads Transpose; None where a dim is unknown."""
-        found = []
+        found: list[tuple[int | None, int | None]] = []
         for node in self.nodes:
             if node.op_type == "Reshape" and any(
                 reader.op_type == "Transpose" and tuple(_ints(reader, "perm")) in _SPLIT_HEADS_PERMS
@@ -310,7 +310,8 @@ class _Graph:
                 # The Transpose's perm says the Reshape's output is 4-D: only its last two dims matter.
                 declared = [None, None, *(self._declared_dims(node.output[0]) or ())][-2:]
                 constant = [None, None, *self._trailing_shape_values(node.input[1])][-2:]
-                found.append(tuple(_positive(d) or _positive(c) for d, c in zip(declared, constant)))
+                heads, head_dim = (_positive(d) or _positive(c) for d, c in zip(declared, constant))
+                found.append((heads, head_dim))
         return found
 
     def is_causal(self) -> bool:
@@ -346,7 +347,7 @@ class _Graph:
             return None
         return [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
 
-    def _trailing_shape_values(self, name: str) -> list[int | None]:
+    def _trailing_shape_values(self, name: str) -> list[int]:
         """The known last values of a shape input: a constant, or the constant parts ending a Concat
         (`[batch, seq, -1, head_dim]` is Concat(Shape..., Shape..., [-1], [head_dim]))."""
         values = self._constant_ints(name)
@@ -355,7 +356,7 @@ class _Graph:
         node = self.producer.get(name)
         if node is None or node.op_type != "Concat":
             return []
-        trailing: list[int | None] = []
+        trailing: list[int] = []
         for part in reversed(node.input):
             known = self._constant_ints(part)
             if known is None:  # a computed part (batch, seq), of unknown length: nothing before it is placed

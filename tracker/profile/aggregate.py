@@ -93,9 +93,9 @@ def top_n(summary: pd.DataFrame, n: int, *, other: str = "(other)") -> pd.DataFr
         return summary
     head, rest = summary.iloc[:n], summary.iloc[n:]
     summed = (C.TOTAL_US, C.CALLS, C.PCT, C.US_PER_RUN, C.CALLS_PER_RUN, C.RUN_MEAN_US)
-    folded = {c: rest[c].sum() for c in summed}
-    folded[C.KEY] = f"{other} x{len(rest)}"
-    folded[C.MEAN_US] = folded[C.TOTAL_US] / folded[C.CALLS]
+    sums = {c: rest[c].sum() for c in summed}
+    folded: dict[str, float | str] = {**sums, C.KEY: f"{other} x{len(rest)}"}
+    folded[C.MEAN_US] = sums[C.TOTAL_US] / sums[C.CALLS]
     for c in (C.RUN_STD_US, C.RUN_MIN_US, C.RUN_MAX_US):
         folded[c] = np.nan
     return pd.concat([head, pd.DataFrame([folded])], ignore_index=True)[list(C.SUMMARY_COLUMNS)]

@@ -70,8 +70,8 @@ class SessionEvent(msgspec.Struct, tag_field="cat", tag="Session", gc=False):
 
 
 AnyEvent = Event | NodeEvent | SessionEvent
-_ort_decoder = msgspec.json.Decoder(list[NodeEvent | SessionEvent], strict=False)
-_any_decoder = msgspec.json.Decoder(list[Event], strict=False)
+_ort_decoder: msgspec.json.Decoder[list[AnyEvent]] = msgspec.json.Decoder(list[NodeEvent | SessionEvent], strict=False)
+_any_decoder: msgspec.json.Decoder[list[AnyEvent]] = msgspec.json.Decoder(list[Event], strict=False)
 _OUT_OF_RANGE = re.compile(r"Expected `int` [<>]= .* - at `\$\[(\d+)\]\.(.+)`")
 _ERROR_BYTE = re.compile(r"\(byte (\d+)\)")
 _NON_FINITE = re.compile(rb'(?:"((?:[^"\\]|\\.)*)"[ \t\r\n]*:[ \t\r\n]*)?(-?(?:NaN|Infinity))')
@@ -199,6 +199,8 @@ def _recover_truncated(text: bytes | bytearray | memoryview, source: str, events
     """Returns the complete events before the cut of a truncated list, or None if it is not one."""
     if not _LIST_START.match(text):
         return None
+    if isinstance(text, memoryview):  # no rfind; a rare path, so the copy is cheap overall
+        text = bytes(text)
     end = len(text)
     for _ in range(_MAX_RECOVERY_TRIES):
         end = text.rfind(b"}", 0, end)

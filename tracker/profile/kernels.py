@@ -26,7 +26,7 @@ _RUN_EVENT = "model_run"
 STRING_COLUMNS = C.LABEL_COLUMNS
 INT_COLUMNS = (C.DUR_US, C.TS_US, C.OUTPUT_SIZE, C.ACTIVATION_SIZE, C.PARAMETER_SIZE)
 # What the kernel calls of a node repeat from run to run (string columns first), and where an event holds them.
-_CALL_COLUMNS = (C.THREAD, C.OP_TYPE, C.PROVIDER, C.INPUT_SHAPES, C.OUTPUT_SHAPES)
+_CALL_COLUMNS: tuple[str, ...] = (C.THREAD, C.OP_TYPE, C.PROVIDER, C.INPUT_SHAPES, C.OUTPUT_SHAPES)
 _CALL_COLUMNS += (C.OUTPUT_SIZE, C.ACTIVATION_SIZE, C.PARAMETER_SIZE)
 _arg_attributes = attrgetter(
     "op_name", "provider", "input_type_shape", "output_type_shape", "output_size", "activation_size", "parameter_size"

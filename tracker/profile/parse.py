@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -302,23 +303,24 @@ def _profile(columns: KernelColumns, *, truncated: bool, source: str) -> Profile
 def _table(columns: KernelColumns, runs: pd.DataFrame, source: str) -> pd.DataFrame:
     """The kernel rows, numbered by the runs whose windows hold them."""
     gathered = columns.gathered()
-    convert = {
+    convert: dict[str, Callable[[Any], str]] = {
         C.NODE: lambda name: name.removesuffix(KERNEL_SUFFIX),
         C.THREAD: str,
         C.INPUT_SHAPES: bytes.decode,
         C.OUTPUT_SHAPES: bytes.decode,
     }
-    data = {}
+    data: dict[str, pd.Categorical | list | np.ndarray | pd.arrays.IntegerArray] = {}
     for column in STRING_COLUMNS:
         data[column] = _strings(gathered.distinct[column], gathered.codes.pop(column), convert.get(column))
-    data |= {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
+    numbers = {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
+    data |= numbers
     # Each duration fits in int64 (`events` bounds it), but their sum, which every summary takes, may not.
-    if data[C.DUR_US].sum(dtype=np.float64) >= 2**63:
+    if numbers[C.DUR_US].sum(dtype=np.float64) >= 2**63:
         raise ProfileFormatError(
             f"the kernel durations of profile {source!r} add up to more than 2**63 microseconds; expected durations "
             "of real kernel calls, which add up to the profiled time"
         )
-    data[C.RUN] = _run_index(data[C.TS_US], runs)
+    data[C.RUN] = _run_index(numbers[C.TS_US], runs)
     data[C.MEM_IN_USE_DELTA] = pd.arrays.IntegerArray(gathered.numbers.pop(C.MEM_IN_USE_DELTA), gathered.mem_missing)
     return pd.DataFrame(data, columns=list(C.EVENT_COLUMNS))
 

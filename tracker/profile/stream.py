@@ -249,7 +249,9 @@ class _BlockText:
     def open(self) -> bool:
         """Finds the first character that is not blank: True if it opens a list."""
         while True:
-            self.start = _LEADING_BLANKS.match(self.buffer, self.start, self.length).end()
+            blanks = _LEADING_BLANKS.match(self.buffer, self.start, self.length)
+            assert blanks is not None  # `*`: the empty text matches too
+            self.start = blanks.end()
             if self.start < self.length:
                 self.searched = self.start + 1
                 return self.buffer[self.start] == _OPEN
@@ -325,7 +327,9 @@ class _MappedText:
         return position
 
     def open(self) -> bool:
-        self.start = _LEADING_BLANKS.match(self.buffer, self.start, self._end).end()
+        blanks = _LEADING_BLANKS.match(self.buffer, self.start, self._end)
+        assert blanks is not None  # `*`: the empty text matches too
+        self.start = blanks.end()
         self.length = self.searched = min(self.start + 1, self._end)
         return self.start < self._end and self.buffer[self.start] == _OPEN
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import pandas as pd
 
 from tracker.measure.attempt import AttemptResult, diff_against
+from tracker.profile.aggregate import By
 from tracker.report import charts
 
 logger = logging.getLogger(__name__)
 
-VIEWS = ("op", "node", "provider", "layer")
+VIEWS: tuple[By, ...] = ("op", "node", "provider", "layer")
 
 
 @dataclass

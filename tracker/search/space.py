@@ -66,7 +66,7 @@ def candidates(
 
 def interleave(groups: Iterable[Sequence[Entry]]) -> list[Entry]:
     """Round-robin over groups: a budget cut then leaves some of every group tried."""
-    out = []
+    out: list[Entry] = []
     for row in itertools.zip_longest(*groups):
         out.extend(e for e in row if e is not None)
     return out

@@ -86,6 +86,7 @@ class LocalMlflowServer:
     def _listens(self) -> bool:
         """Whether the server started (its process or uvicorn's, a child) listens on the port: that whoever
         answers /health there is this server, not another service that holds the port."""
+        assert self._proc is not None, "asked while waiting for a started server"
         try:
             root = psutil.Process(self._proc.pid)
             processes = [root, *root.children(recursive=True)]
@@ -106,7 +107,7 @@ class LocalMlflowServer:
 
     def stop(self, *, timeout_s: float = 30) -> None:
         """Graceful stop: SIGTERM (mlflow forwards it to its workers), then SIGKILL past `timeout_s`."""
-        if not self.running:
+        if self._proc is None or not self.running:
             return
         self._proc.terminate()
         with contextlib.suppress(subprocess.TimeoutExpired):

@@ -11,6 +11,7 @@ import secrets
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from tracker.server.common import HOST, LocalServerError, free_port
 
@@ -61,10 +62,9 @@ class LocalPostgres:
             )
         self.bin_dir = found
         self._password_file = self.folder / ".password"
-        self._password = password or os.environ.get("PGPASSWORD") or self._read_stored_password()
-        self._store_password = self._password is None
-        if self._password is None:
-            self._password = secrets.token_urlsafe(24)
+        known = password or os.environ.get("PGPASSWORD") or self._read_stored_password()
+        self._store_password = known is None
+        self._password = known if known is not None else secrets.token_urlsafe(24)
         self._os_user = _os_user() if os.geteuid() == 0 else None
 
     @property
@@ -137,7 +137,7 @@ class LocalPostgres:
         self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), *args])
 
     def _run(self, cmd: list[str], *, env: dict[str, str] | None = None, as_os_user: bool = True) -> None:
-        kwargs = {}
+        kwargs: dict[str, Any] = {}  # subprocess.run's user, group and extra_groups
         if as_os_user and self._os_user is not None:
             u = self._os_user
             kwargs = {"user": u.pw_uid, "group": u.pw_gid, "extra_groups": []}

@@ -17,6 +17,7 @@ not answer a read right after it.
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 
 import mlflow
 
@@ -71,7 +72,7 @@ def _is_requests_error(error: BaseException) -> bool:
     return isinstance(error, requests.exceptions.ConnectionError | requests.exceptions.Timeout)
 
 
-def _chain(error: BaseException):
+def _chain(error: BaseException | None) -> Iterator[BaseException]:
     """The error and its causes and contexts, innermost last (each once)."""
     seen: set[int] = set()
     while error is not None and id(error) not in seen:

@@ -210,11 +210,12 @@ def study_failure(results: Sequence[AttemptResult], failures: Mapping[str, str])
     """Why a study of `run` gave nothing to judge, in one line, or None: its baseline failed, or every other
     attempt did (`failures` are those that failed before they had a model to measure, as `Study.failures`)."""
     baseline = next((r for r in results if r.attempt.name == "baseline"), None)
-    if baseline is not None and not baseline.ok:
+    if baseline is not None and baseline.error is not None:  # not ok
         return f"the baseline attempt failed ({_one_line(baseline.error)}); no attempt can be judged, so none was run"
     errors = {r.attempt.name: r.error for r in results if r is not baseline} | dict(failures)
     if errors and all(e is not None for e in errors.values()):
         name, error = next(iter(errors.items()))
+        assert error is not None  # every one failed
         return (f"every attempt failed ({len(errors)} of {len(errors)}; {name}: {_one_line(error)}); see the status "
                 f"column above")
     return None

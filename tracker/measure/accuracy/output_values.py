@@ -57,7 +57,7 @@ def paired_parts(baseline: Sequence[Any], attempt: Sequence[Any]) -> list[tuple[
     """
     if len(baseline) != len(attempt):
         raise ValueError(f"baseline has {len(baseline)} outputs but the attempt has {len(attempt)}")
-    pairs = []
+    pairs: list[tuple[OutputPart, OutputPart]] = []
     for i, (b, a) in enumerate(zip(baseline, attempt)):
         b_parts, a_parts = output_parts(b, i), output_parts(a, i)
         b_kind, a_kind = (_kind(parts, o) for parts, o in ((b_parts, b), (a_parts, a)))
@@ -68,6 +68,7 @@ def paired_parts(baseline: Sequence[Any], attempt: Sequence[Any]) -> list[tuple[
                              f"has {len(a_parts)}")
         for bp, ap in zip(b_parts, a_parts):
             if bp.keys != ap.keys:
+                assert bp.keys is not None and ap.keys is not None, "one kind: both are maps, with keys"
                 raise ValueError(f"{bp.label}: the baseline's class keys {list(bp.keys)} differ from the attempt's "
                                  f"{list(ap.keys)}")
         pairs += zip(b_parts, a_parts)

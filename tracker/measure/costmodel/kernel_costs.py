@@ -324,7 +324,10 @@ def kernel_costs(events: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame({"flops": pd.Series(dtype=float), "bytes": pd.Series(dtype=float)}, index=events.index)
     codes = events.groupby(columns, sort=False, observed=True, dropna=False).ngroup().to_numpy()
     first = pd.Series(np.arange(len(events))).groupby(codes).first()
-    costs = [kernel_cost(*(_text(v) for v in events.iloc[pos][columns])) for pos in first.to_numpy()]
+    costs = []
+    for pos in first.to_numpy():
+        op_type, input_shapes, output_shapes = (_text(v) for v in events.iloc[pos][columns])
+        costs.append(kernel_cost(op_type or "", input_shapes, output_shapes))  # "": no op type, so no formula
     flops = np.array([np.nan if c.flops is None else c.flops for c in costs])
     nbytes = np.array([c.bytes for c in costs])
     return pd.DataFrame({"flops": flops[codes], "bytes": nbytes[codes]}, index=events.index)

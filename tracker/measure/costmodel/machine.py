@@ -205,7 +205,8 @@ def _memory_gbps(nbytes: int, runs: int, threads: int) -> tuple[float, float]:
 def _best_seconds(work, *, runs: int, min_seconds: float = 0.0) -> tuple[float, int]:
     """(the fastest of the runs of `work`, the runs made): at least `runs`, and as many more as `min_seconds`
     of runs take."""
-    times, start = [], time.perf_counter()
+    times: list[float] = []
+    start = time.perf_counter()
     while len(times) < runs or time.perf_counter() - start < min_seconds:
         begin = time.perf_counter()
         work()

@@ -4,9 +4,9 @@ their FLOPs and bytes (`tracker.measure.costmodel.kernel_costs`, where the count
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -106,7 +106,7 @@ class Roofline:
             metrics.update(self._row_metrics(row, key=keys[name].removesuffix(".pct_peak")))
         return metrics
 
-    def _row_metrics(self, row: Mapping[str, float], *, key: str) -> dict[str, float]:
+    def _row_metrics(self, row: Mapping[Hashable, Any], *, key: str) -> dict[str, float]:
         metrics = {f"{key}.gbps": float(row[GBPS])}
         if row[COVERED_CALLS_PCT] > 0:
             metrics[f"{key}.gflops"] = float(row[GFLOPS])
@@ -186,7 +186,8 @@ def _per_group(frame: pd.DataFrame, groups: pd.Series, *, n_runs: int, total_us:
         table[PCT_PEAK] = 100.0 * table[GFLOPS] / table[ROOF_GFLOPS]
         table[PCT_BANDWIDTH] = 100.0 * table[GBPS] / machine.bandwidth_gbps
         # Data movement (0 FLOP per byte) is bound by memory too.
-        table[BOUND] = np.where(table[INTENSITY].isna(), None,
+        # numpy's stubs take no None as a choice; np.where makes an object array holding it
+        table[BOUND] = np.where(table[INTENSITY].isna(), None,  # type: ignore[call-overload]
                                 np.where(table[INTENSITY] < machine.ridge_flop_per_byte, "memory", "compute"))
     else:
         table[ROOF_GFLOPS] = table[PCT_PEAK] = table[PCT_BANDWIDTH] = np.nan

@@ -8,7 +8,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO, cast
 
 import numpy as np
 import onnx
@@ -39,7 +39,7 @@ class _Stored:
         return where if self.member is None else f"array {self.name!r} of {where}"
 
     @contextlib.contextmanager
-    def open(self) -> Iterator[BinaryIO]:
+    def open(self) -> Iterator[IO[bytes]]:
         if self.member is None:
             with self.path.open("rb") as stream:
                 yield stream
@@ -84,7 +84,9 @@ def load_feeds(path: str | os.PathLike[str], model: onnx.ModelProto, *,
         check_feed_size(list(headers.values()), max_bytes=max_bytes,
                         fix="expected arrays that fit in memory (nothing was read)")
         # Zero-strided stand-ins of the right dtype and shape: the full check, before any data is read.
-        check_feeds(model, {name: np.broadcast_to(np.zeros((), _feed_dtype(spec.dtype)), spec.dims)
+        # cast: a .npy header's dims are ints (`_header`), never a symbolic name
+        check_feeds(model, {name: np.broadcast_to(np.zeros((), _feed_dtype(spec.dtype)),
+                                                  cast(tuple[int, ...], spec.dims))
                             for name, spec in headers.items()})
     except FeedError as e:
         raise FeedError(f"feeds file {str(path)!r}: {e}") from e

@@ -77,7 +77,7 @@ def describe_feeds(feeds: Mapping[str, np.ndarray]) -> FeedsDescription:
         if array.dtype.kind == "O":  # strings as objects: hash their text, not the pointers
             digest.update("\0".join(map(str, array.ravel())).encode())
         else:
-            digest.update(np.ascontiguousarray(array).reshape(-1))  # reshape: a 0-d array is no buffer
+            digest.update(np.ascontiguousarray(array).reshape(-1).data)  # reshape: a 0-d array is no buffer
         inputs.append(spec)
     return FeedsDescription(digest=digest.hexdigest()[:8], inputs=inputs)
 

@@ -133,7 +133,9 @@ def run_reference(
         tracker.base.errors.FeedError: the feeds do not match the model's inputs.
     """
     check_feeds(model, feeds)
-    return make_evaluator(model, new_ops=new_ops).run(None, dict(feeds))
+    outputs = make_evaluator(model, new_ops=new_ops).run(None, dict(feeds))
+    assert isinstance(outputs, list)  # a dict only with intermediate=True
+    return outputs
 
 
 def time_reference(
@@ -248,6 +250,7 @@ def evaluate_node(
     check_feeds(model, feeds)
     node = model.graph.node[names.index(node_name)]
     values = make_evaluator(model, new_ops=new_ops).run(None, dict(feeds), intermediate=True)
+    assert isinstance(values, dict)  # every value by name, with intermediate=True
     inputs = {name: values[name] for name in node.input if name}
     # Subgraphs (If, Loop, Scan) may read outer-scope values that are not node inputs.
     implicit = {n: values[n] for n in _names_read_by_subgraphs(node) if n and n in values}
@@ -332,6 +335,7 @@ def _captured_run(
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         results = evaluator.run(output_names, feeds)
+    assert isinstance(results, list)  # a dict only with intermediate=True
     return results, buffer.getvalue()
 
 

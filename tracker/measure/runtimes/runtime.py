@@ -9,6 +9,7 @@ from typing import Protocol
 
 import numpy as np
 import onnx
+from onnx.reference.op_run import OpRun
 
 from tracker.measure.runtimes import reference_runtime as ref
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session, profile_ort
@@ -29,7 +30,7 @@ class AttemptSettings(Protocol):
     def session(self) -> SessionConfig: ...
 
     @property
-    def new_ops(self) -> tuple[type, ...]: ...
+    def new_ops(self) -> tuple[type[OpRun], ...]: ...
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,13 @@ class ReferenceRuntime:
             raise ValueError("the reference runtime runs the model as loaded (needs_weights): got model=None")
         # the evaluator runs in the calling thread: it has no threads to stop spinning
         evaluator = ref.make_evaluator(model, new_ops=attempt.new_ops)
-        return lambda feeds: evaluator.run(None, dict(feeds))
+
+        def run(feeds: Feeds) -> list[np.ndarray]:
+            outputs = evaluator.run(None, dict(feeds))
+            assert isinstance(outputs, list)  # a dict only with intermediate=True
+            return outputs
+
+        return run
 
     def profile(
         self, attempt: AttemptSettings, model: onnx.ModelProto, feeds: Feeds, *, runs: int, workdir: Path

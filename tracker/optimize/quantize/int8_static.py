@@ -61,9 +61,9 @@ def calibration_samples(
             first_dims[value_info.name] = dims[0] if dims else None
     rows = {a.shape[0] if a.ndim else None for a in arrays.values()}
     free = all(dim is not None and not dim.HasField("dim_value") for dim in first_dims.values())
-    if not arrays or not free or len(rows) != 1 or None in rows or next(iter(rows)) < 2:
+    n_rows = next(iter(rows)) if len(rows) == 1 else None
+    if not arrays or not free or n_rows is None or n_rows < 2:
         return [arrays], "calibrated on the feeds as one sample (their batch cannot be split into rows)"
-    (n_rows,) = rows
     chunks = min(n_rows, max_samples)
     samples = [dict(zip(arrays, parts)) for parts in zip(*(np.array_split(a, chunks) for a in arrays.values()))]
     return samples, f"calibrated on {chunks} samples: the feeds' batch of {n_rows} rows split along axis 0"
