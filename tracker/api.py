@@ -2,7 +2,7 @@
 (`tracker.pipeline`)."""
 
 from tracker.generation import GenerationScenario
-from tracker.pipeline import AttemptSetup, log_attempt, run_attempt
-from tracker.study import Study, StudySetup
+from tracker.pipeline import AttemptSetup, StudySetup, log_attempt, run_attempt
+from tracker.study import Study
 
 __all__ = ["AttemptSetup", "GenerationScenario", "Study", "StudySetup", "log_attempt", "run_attempt"]

@@ -16,6 +16,7 @@ from tracker.base.keys import (
     TAG_RUNTIME,
     TAG_STUDY,
 )
+from tracker.base.vocabulary import Verdict
 
 if TYPE_CHECKING:  # kept light: `tracker --help` imports this module for PASS_RULE
     from tracker.report.rows import AttemptRow
@@ -76,6 +77,7 @@ def load_comparison(
         title = f"Study {studies.pop()}" if len(studies) == 1 and None not in studies else "Selected runs"
         return Comparison(title, rows, pick_best(rows))
     if study_run_id is None:
+        assert experiment is not None and study is not None  # checked above: both are given
         study_run_id = read.find_study_run(experiment, study)
     parent, attempts = read.fetch_study_runs(study_run_id)
     rows = [row_from_run(run) for run in attempts]
@@ -152,8 +154,8 @@ def format_table(comparison: Comparison) -> str:
             accuracy += f" cos {r.cosine_min:.4f}"
         interval = "-" if r.speedup_ci_low is None else (
             f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}]")
-        detects = "-" if r.speedup_mde is None or r.verdict == "baseline" else f"\u00b1{r.speedup_mde:.1%}"
-        status = f"failed: {r.error[:100]}" if r.failed else r.status
+        detects = "-" if r.speedup_mde is None or r.verdict == Verdict.BASELINE else f"\u00b1{r.speedup_mde:.1%}"
+        status = f"failed: {(r.error or '')[:100]}" if r.failed else r.status
         if r.disturbed and not r.failed:
             status += f" (disturbed: {r.disturbed})"
             notes.append(f"note: {label}: other processes used the CPU while its {r.disturbed} was measured; "

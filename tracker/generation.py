@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
 from tracker.base.termination import reraise_if_received
-from tracker.measure.accuracy.task_diff import TaskTolerance
+from tracker.measure.accuracy.lm_diff import LogitsTolerance
 from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.costmodel.roofline import Roofline
 from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
@@ -58,7 +58,7 @@ class GenerationScenario:
     session: SessionConfig
     speedup: SpeedupConfig
     max_positions: int
-    tolerances: Mapping[str, TaskTolerance]
+    tolerances: Mapping[str, LogitsTolerance]
     info: ModelInfo | None = None
     baseline: GenerationResult | None = field(default=None, init=False)
 
@@ -82,7 +82,7 @@ class GenerationScenario:
         try:
             candidate = entry(self.decoder, workdir, Context(info=self.info), graph=graph_of(self.decoder))
             logger.info("generation: measuring %s's", entry.name)
-            result = measure_generation(candidate.path, session=replace(self.session, **candidate.session),
+            result = measure_generation(candidate.path, session=candidate.session_on(self.session),
                                         config=self.config, baseline=self.decoder, speedup=self.speedup,
                                         reference=self.baseline.generation, machine=machine,
                                         workdir=workdir / "profiles")

@@ -21,7 +21,7 @@ from tracker.base.memory import release_free_memory
 from tracker.base.steps import StepTimes
 from tracker.base.termination import Terminated, received
 from tracker.base.vocabulary import Kind, RunStatus
-from tracker.generation import GenerationFigures
+from tracker.generation import GenerationFigures, GenerationScenario
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.measure.costmodel.machine import MachinePeaks, measure_machine
 from tracker.measure.runtimes.ort_runtime import SessionConfig
@@ -94,7 +94,7 @@ def log_attempt(
         connect.setup_tracking(tracking_uri)
         if experiment:
             write.set_experiment(experiment)
-    attempt = Attempt(name=name, model=model, **kwargs)
+    attempt = Attempt(name=name, model=model if isinstance(model, onnx.ModelProto) else Path(model), **kwargs)
     with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
         setup = AttemptSetup(config=config or MeasureConfig(), evaluate=evaluate, log_model=log_model)
         return run_attempt(attempt, dict(feeds), setup, baselines={}, workdir=Path(tmp),
@@ -256,3 +256,24 @@ def _keep(record: AttemptRecord) -> Path:
         logger.error("could not keep attempt %s in the outbox %s (%s: %s); it is kept in %s instead",
                      record.attempt, outbox_root(), type(e).__name__, e, fallback.parent.parent)
         return fallback
+
+
+@dataclass(frozen=True)
+class StudySetup:
+    """What a study needs beyond its feeds and measuring config; every field is optional.
+
+    Attributes:
+        evaluate: task metrics from each attempt's outputs.
+        tags: every run's tags (the study's and its attempts').
+        workdir: where attempts keep their files (default: a temporary folder, removed at the end).
+        latency_feeds: other feeds sets timed for each attempt, by label (`latency.<label>.*`).
+        generation: the generation scenario: each attempt also measured generating with a KV cache.
+        prior_steps: work done for the study before it started (e.g. an export), counted in its time per step.
+    """
+
+    evaluate: Evaluate | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    workdir: str | Path | None = None
+    latency_feeds: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
+    generation: GenerationScenario | None = None
+    prior_steps: StepTimes | None = None

@@ -8,9 +8,9 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,8 +19,8 @@ from tracker.base.keys import check_experiment_name
 from tracker.base.model_io import load_graph, save_model
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received, sigterm_as_exit
-from tracker.base.vocabulary import Kind
-from tracker.generation import GenerationFigures, GenerationScenario
+from tracker.base.vocabulary import Kind, Phase
+from tracker.generation import GenerationFigures
 from tracker.measure.accuracy.output_diff import TOLERANCES
 from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name
@@ -29,7 +29,7 @@ from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Context, Entry, ModelInfo, get_entry
 from tracker.pipeline import (
     AttemptSetup,
-    Evaluate,
+    StudySetup,
     candidate_content,
     lineage_tags,
     log_or_keep,
@@ -47,27 +47,6 @@ from tracker.search import SearchConfig, SearchResult, run_search
 from tracker.store import connect, faults, write
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StudySetup:
-    """What a study needs beyond its feeds and measuring config; every field is optional.
-
-    Attributes:
-        evaluate: task metrics from each attempt's outputs.
-        tags: every run's tags (the study's and its attempts').
-        workdir: where attempts keep their files (default: a temporary folder, removed at the end).
-        latency_feeds: other feeds sets timed for each attempt, by label (`latency.<label>.*`).
-        generation: the generation scenario: each attempt also measured generating with a KV cache.
-        prior_steps: work done for the study before it started (e.g. an export), counted in its time per step.
-    """
-
-    evaluate: Evaluate | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)
-    workdir: str | Path | None = None
-    latency_feeds: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
-    generation: GenerationScenario | None = None
-    prior_steps: StepTimes | None = None
 
 
 class Study:
@@ -121,7 +100,7 @@ class Study:
             self._started -= sum(setup.prior_steps.seconds.values())
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
         self.search_result: SearchResult | None = None  # `search`
-        self._run_cm = None
+        self._run_cm: AbstractContextManager[Any] | None = None  # the study run's, while the study is open
 
     def __enter__(self) -> Study:
         connect.setup_tracking(self.tracking_uri)
@@ -160,16 +139,21 @@ class Study:
         """
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
-        attempt = name if isinstance(name, Attempt) else Attempt(name=name, model=model, **kwargs)
+        if isinstance(name, Attempt):
+            attempt = name
+        elif model is None:
+            raise ValueError(f"attempt {name!r} needs a model: a ModelProto or the path of one")
+        else:
+            attempt = Attempt(name=name, model=model if isinstance(model, onnx.ModelProto) else Path(model), **kwargs)
         if generation is None and self.generation is not None and self.generation.baseline is None:
             with self.steps.step("generation"):
                 generation = self.generation.measure_baseline(machine=self.machine,
-                                                              workdir=self._workdir / "generation" / attempt.name)
+                                                              workdir=self._work / "generation" / attempt.name)
         setup = AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate,
                              log_model=self.log_models, latency_feeds=self.setup.latency_feeds,
                              tags={**self.tags, **(tags or {})}, machine=self.machine)
         result = run_attempt(attempt, self.feeds, setup, baselines=runtime_baselines(self.results),
-                             workdir=self._workdir / attempt.name, generation=generation)
+                             workdir=self._work / attempt.name, generation=generation)
         self.results.append(result)
         return result
 
@@ -219,7 +203,7 @@ class Study:
                 source_path = self._on_disk(source, name)
                 graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
                 start = time.perf_counter()
-                candidate = found(source_path, self._workdir / name / "optimized", context, graph=graph)
+                candidate = found(source_path, self._work / name / "optimized", context, graph=graph)
                 seconds = time.perf_counter() - start
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
             reraise_if_received(e)
@@ -233,13 +217,13 @@ class Study:
         if self.generation is not None and self.generation.baseline is not None:
             with self.steps.step("generation"):
                 generation = self.generation.measure_entry(found, machine=self.machine, graph_of=self.graph_of,
-                                                           workdir=self._workdir / "generation" / name)
+                                                           workdir=self._work / "generation" / name)
         return self.attempt(
             name,
             model,
             tags={**lineage_tags(found), **(tags or {})},
             runtime=runtime,
-            session=replace(session or SessionConfig(), **candidate.session),
+            session=candidate.session_on(session or SessionConfig()),
             new_ops=fields.pop("new_ops", candidate.new_ops),
             tolerance=chosen,
             description=fields.pop("description", "; ".join(candidate.notes)),
@@ -279,7 +263,7 @@ class Study:
         with self.steps.step("search"):
             self.search_result = run_search(
                 Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
-                tolerance=tolerance, workdir=self._workdir / "search", config=config or SearchConfig(), info=info,
+                tolerance=tolerance, workdir=self._work / "search", config=config or SearchConfig(), info=info,
                 session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
                 prepared=self._prepared,
                 optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
@@ -293,10 +277,17 @@ class Study:
         return self.search_result
 
     @property
+    def _work(self) -> Path:
+        """The study's work folder (made on entry when none was given)."""
+        if self._workdir is None:
+            raise RuntimeError("use the Study in a `with` block: its work folder is made on entry")
+        return self._workdir
+
+    @property
     def _prepared(self) -> Path:
         """Where entries keep the pre-processed sources their variants share (`Context.work`), for the study's
         attempts and its search alike."""
-        return self._workdir / "prepared"
+        return self._work / "prepared"
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:
         """The model at `path` without its weights' values (`load_graph`), read once per study."""
@@ -307,7 +298,7 @@ class Study:
 
     def _on_disk(self, source: onnx.ModelProto | str | Path, name: str) -> Path:
         """`source` as a file: its path, or a model in memory saved in the attempt's work folder."""
-        return Path(source) if not isinstance(source, onnx.ModelProto) else save_model(source, self._workdir / name)
+        return Path(source) if not isinstance(source, onnx.ModelProto) else save_model(source, self._work / name)
 
     def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime",
                        tags: Mapping[str, str] | None = None) -> None:
@@ -329,7 +320,7 @@ class Study:
         return next((r for r in self.results if r.attempt.name == name), None)
 
     @property
-    def scenario_bests(self) -> dict[str, str | None]:
+    def scenario_bests(self) -> dict[Phase, str | None]:
         """The best attempt's name in each scenario the study measured: forward (`best`), and prefill and decode
         when its attempts carry generation figures (`tracker.report.scenarios.scenario_bests`)."""
         return scenario_bests(rows_from_results(self.results, tables=False))
@@ -340,11 +331,11 @@ class Study:
             rows = rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
             rooflines = {r.attempt.name: r.roofline for r in self.results if r.ok and r.roofline is not None}
             phase_rooflines = {r.attempt.name: r.phase_rooflines for r in self.results if r.ok and r.phase_rooflines}
-            built = build_study_report(rows, self._workdir / "report", study=self.name, best=best,
+            built = build_study_report(rows, self._work / "report", study=self.name, best=best,
                                        rooflines=rooflines, phase_rooflines=phase_rooflines)
             write.log_study_report(built.html, built.tables)
             if self.search_result is not None:
-                page = build_search_report(self.search_result, rows, self._workdir / "report", study=self.name,
+                page = build_search_report(self.search_result, rows, self._work / "report", study=self.name,
                                            best=best)
                 write.log_study_report(page.html, page.tables)
         except Exception as e:
@@ -367,11 +358,12 @@ class Study:
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
                 machine = self.machine.metrics() if self.machine else {}
                 searched = self.search_result.metrics() if self.search_result is not None else {}
-                summary = {"metrics": {**study_counts(rows), **totals.metrics(wall), **machine, **searched},
-                           "best": pick_best(rows), "tags": scenario_tags(rows)}
+                metrics = {**study_counts(rows), **totals.metrics(wall), **machine, **searched}
+                best, tags = pick_best(rows), scenario_tags(rows)
+                summary = {"metrics": metrics, "best": best, "tags": tags}
                 try:
                     connect.ensure_reachable()
-                    write.log_study_summary(**summary)
+                    write.log_study_summary(metrics=metrics, best=best, tags=tags)
                 except Exception as e:
                     kept = save_summary(summary, study=self.name, parent_run_id=self.run.info.run_id)
                     why = "could not log" if faults.is_outage(e) else "the tracking store refused"
@@ -379,9 +371,10 @@ class Study:
                                  "server until `tracker upload %s`", why, self.name, faults.describe(e),
                                  kept.parent, kept.parent.parent)
                 else:
-                    self._log_report(summary["best"])
+                    self._log_report(best)
         finally:
-            self._run_cm.__exit__(exc_type, exc, tb)
+            if self._run_cm is not None:
+                self._run_cm.__exit__(exc_type, exc, tb)
             self._run_cm = None
             self._release()
 

@@ -10,11 +10,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 
 from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
+
+if TYPE_CHECKING:
+    from tracker.measure.runtimes.ort_runtime import SessionConfig
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 
@@ -96,6 +100,11 @@ class Candidate:
         bad = {k: v for k, v in self.fusions.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
         if bad:
             raise ValueError(f"fusion counts must be non-negative ints, got {bad}")
+
+    def session_on(self, base: SessionConfig) -> SessionConfig:
+        """`base` with the `SessionConfig` fields this candidate sets on top (a session entry's)."""
+        settings: dict[str, Any] = dict(self.session)  # field names and values `SessionConfig` checks itself
+        return replace(base, **settings)
 
 
 Make = Callable[[Path, Path, Context], Candidate]

@@ -62,11 +62,11 @@ def phase_figures(row: AttemptRow, phase: Phase) -> PhaseFigures | None:
     return PhaseFigures(row.attempt, figures, speedup, verdict)
 
 
-def scenario_bests(rows: Sequence[AttemptRow]) -> dict[str, str | None]:
+def scenario_bests(rows: Sequence[AttemptRow]) -> dict[Phase, str | None]:
     """The best attempt of each scenario the rows have: forward always (`pick_best`), prefill and decode when some
     row has generation figures. A phase's best is the largest speed-up among its "better" verdicts (faster beyond
     the noise, generation check passed), else the baseline: the same rule as forward's (`best_attempt`)."""
-    bests = {FORWARD: pick_best(rows)}
+    bests: dict[Phase, str | None] = {FORWARD: pick_best(rows)}
     for phase in PHASES:
         figures = [f for f in (phase_figures(r, phase) for r in rows) if f is not None]
         if figures:
@@ -111,7 +111,9 @@ def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, 
     by_name = {r.attempt: r for r in rows}
     records = []
     for scenario, best in bests.items():
-        speedup = roof = pct = intensity = None
+        speedup: tuple[float | None, float | None, float | None] | None = None
+        roof: str | None = None
+        pct = intensity = None
         length = None
         if best is not None and scenario == FORWARD:
             r = by_name[best]
@@ -123,6 +125,7 @@ def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, 
                     pct, intensity = roofline.matmuls[R.PCT_PEAK], roofline.matmuls[R.INTENSITY]
         elif best is not None:
             f = phase_figures(by_name[best], scenario)
+            assert f is not None  # a phase's best has figures in it
             length = f.length
             speedup = (f.speedup.speedup, f.speedup.ci_low, f.speedup.ci_high) if f.speedup else None
             roof, pct, intensity = f.figures.roof, f.figures.matmul_pct_peak, f.figures.matmul_intensity

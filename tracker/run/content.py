@@ -26,7 +26,6 @@ from tracker.report.rows import (
     failed_row,
     row_from_content,
     runtime_baselines,
-    speedup_vs_baseline,
 )
 from tracker.run.artifacts import AttemptArtifacts
 from tracker.run.record import AttemptRecord
@@ -71,7 +70,7 @@ GZIP_ABOVE_BYTES = 16 * 2**20
 def attempt_tags(result: AttemptResult) -> dict[str, str]:
     """The tags a measured attempt's run carries: its status, check, verdict and what disturbed it."""
     passed = None if result.diff is None else bool(result.diff.passed)
-    tags = {TAG_STATUS: attempt_status(failed=False, diff_passed=passed)}
+    tags: dict[str, str] = {TAG_STATUS: attempt_status(failed=False, diff_passed=passed)}
     if passed is not None:
         tags[TAG_DIFF] = "passed" if passed else "failed"
     if result.verdict is not None:
@@ -172,7 +171,7 @@ def measured_metrics(result: AttemptResult, baseline: AttemptResult | None, tabl
         metrics["profile.runs"] = float(result.profile.run_count)
         metrics["profile.kernel_events"] = float(len(result.profile.events))
     if baseline is not None and baseline.latency is not None and result.latency is not None:
-        metrics["latency.speedup_vs_baseline"] = speedup_vs_baseline(result.latency.p50_ms, baseline.latency.p50_ms)
+        metrics["latency.speedup_vs_baseline"] = baseline.latency.p50_ms / result.latency.p50_ms
     speedup = carried_speedup(result)
     if speedup is not None:
         metrics.update(speedup_metrics(speedup))
@@ -181,8 +180,7 @@ def measured_metrics(result: AttemptResult, baseline: AttemptResult | None, tabl
     for label, latency in result.latencies.items():
         metrics.update(latency.metrics(prefix=f"latency.{label}"))
         if baseline is not None and label in baseline.latencies:
-            metrics[f"latency.{label}.speedup_vs_baseline"] = speedup_vs_baseline(
-                latency.p50_ms, baseline.latencies[label].p50_ms)
+            metrics[f"latency.{label}.speedup_vs_baseline"] = baseline.latencies[label].p50_ms / latency.p50_ms
     if result.diff is not None:
         metrics.update(result.diff.metrics())
     if result.graph is not None:

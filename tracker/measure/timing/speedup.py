@@ -254,7 +254,8 @@ def _time_round(
     per_call = min(_time_block(run_baseline, 1, 0), _time_block(run_attempt, 1, 0))
     calls = max(1, math.ceil(config.block_ms * 1e-3 / max(per_call, 1e-9)))
     settle = config.settle_runs
-    base, attempt = [], []
+    base: list[float] = []
+    attempt: list[float] = []
     with watch_cpu_load() as load:
         start = time.perf_counter()
         while len(base) < config.min_pairs or time.perf_counter() - start < config.round_seconds:
