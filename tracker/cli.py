@@ -364,8 +364,10 @@ def _profile(args: argparse.Namespace) -> int:
         return 1
     from tracker.profile import aggregate
 
-    print(f"run {result.run_id}: p50 {result.latency.p50_ms:.3f} ms, mean {result.latency.mean_ms:.3f} ms "
-          f"over {result.latency.runs} runs; profiling overhead x{result.overhead_ratio:.2f}")
+    latency = result.latency
+    assert latency is not None  # an attempt that ran without an error was timed
+    print(f"run {result.run_id}: p50 {latency.p50_ms:.3f} ms, mean {latency.mean_ms:.3f} ms "
+          f"over {latency.runs} runs; profiling overhead x{result.overhead_ratio:.2f}")
     print(_table(aggregate.top_n(result.summary(skip_runs=config.skip_runs), args.top)))
     return 0
 

@@ -67,6 +67,8 @@ class FieldDefault(argparse.Action):
     `field` is (a function returning the class, the field's name).
     """
 
+    _default: object  # set by `default`'s setter, which argparse's __init__ calls
+
     def __init__(self, option_strings: list[str], dest: str, *, field: tuple[Callable[[], type], str],
                  **kwargs) -> None:
         self.field = field

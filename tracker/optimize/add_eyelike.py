@@ -12,6 +12,7 @@ import onnx
 from onnx import helper
 from onnx.reference.op_run import OpRun
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import prepare_output, save_proto
@@ -216,5 +217,5 @@ def has_eyelike_add(model: onnx.ModelProto, context: Context) -> str | None:
     return "no EyeLike(A) added to A in the graph"
 
 
-ENTRY = FunctionEntry("add_eyelike", "fusion", "hand-written fusion EyeLike(A) + A -> AddEyeLike(A), a custom op",
+ENTRY = FunctionEntry("add_eyelike", Kind.FUSION, "hand-written fusion EyeLike(A) + A -> AddEyeLike(A), a custom op",
               add_eyelike, has_eyelike_add, runtimes=("onnxruntime", "reference"))

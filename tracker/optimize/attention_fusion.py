@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, info_source, transformer
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import copy_model, prepare_output
@@ -161,6 +162,6 @@ def _count_ms_ops(model) -> dict[str, int]:
     return counts
 
 
-ENTRY = FunctionEntry(NAME, "transform",
+ENTRY = FunctionEntry(NAME, Kind.TRANSFORM,
                       "onnxscript's ORT fusions: attention into MultiHeadAttention, layer norms, GELU",
               attention_fused, transformer)

@@ -39,9 +39,9 @@ class Chain(Entry):
         return SEPARATOR.join(step.name for step in self.steps)
 
     @property
-    def kind(self) -> str:
-        graph_steps = [s.kind for s in self.steps if s.kind != "session"]
-        return graph_steps[-1] if graph_steps else "session"
+    def kind(self) -> Kind:
+        graph_steps = [s.kind for s in self.steps if s.kind != Kind.SESSION]
+        return graph_steps[-1] if graph_steps else Kind.SESSION
 
     @property
     def summary(self) -> str:

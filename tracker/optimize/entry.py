@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -58,11 +59,24 @@ class Entry:
         runtimes: the runtimes its candidates run in.
     """
 
-    name: str
-    kind: Kind
-    summary: str
-    runtimes: tuple[str, ...] = ("onnxruntime",)
     params_prefix = "quantization"
+
+    # Read-only to the framework: an entry gives them as dataclass fields, class attributes or properties (a
+    # chain's come from its steps). Declared for the type checker only: a property here would be the default
+    # of a subclass's dataclass field.
+    if TYPE_CHECKING:
+        @property
+        def name(self) -> str: ...
+
+        @property
+        def kind(self) -> Kind: ...
+
+        @property
+        def summary(self) -> str: ...
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        return ("onnxruntime",)
 
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         """None when the entry applies to `model` (loaded without its external weights), else why it does not."""
@@ -156,6 +170,7 @@ class Entry:
             import hashlib
 
             name = f"{name[:90]}.{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+        assert is_dataclass(self), "an entry with knobs is a dataclass"
         made = replace(self, name=name, **changed)
         made.check_knobs()
         return made
@@ -198,7 +213,7 @@ class FunctionEntry(Entry):
     name: str
     kind: Kind
     summary: str
-    make: Make
+    make: Make  # type: ignore[assignment]  # the function, held as a field, stands in for the method (same call)
     applies: Applies = any_graph
     runtimes: tuple[str, ...] = ("onnxruntime",)
 
@@ -218,4 +233,4 @@ def session_entry(name: str, summary: str, note: str, **settings: str | int) -> 
         return Candidate(path=Path(source), applied=True, fusions={}, fully_optimized=None, precision="fp32",
                          notes=(note,), session=settings)
 
-    return FunctionEntry(name, "session", summary, make)
+    return FunctionEntry(name, Kind.SESSION, summary, make)

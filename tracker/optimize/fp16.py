@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, ort_fused_counts, ort_transformer
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import needs_external_data, prepare_output
@@ -46,5 +47,5 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
     )
 
 
-ENTRY = FunctionEntry("ort_opt_fp16", "transform", "ORT's optimizer at opt_level 1, then float16 weights and compute",
+ENTRY = FunctionEntry("ort_opt_fp16", Kind.TRANSFORM, "ORT's optimizer at opt_level 1, then float16 weights and compute",
               ort_opt_fp16, ort_transformer)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, ModelInfo, info_source, ort_fused_counts, ort_transformer
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import needs_external_data, prepare_output
@@ -113,8 +114,8 @@ def ort_opt_extended(source: Path, target_dir: Path, context: Context) -> Candid
 
 
 # Two levels of one tool, so one module.
-BASIC = FunctionEntry("ort_opt_basic", "transform", "ORT's transformer optimizer at opt_level 1, saved as a new model",
+BASIC = FunctionEntry("ort_opt_basic", Kind.TRANSFORM, "ORT's transformer optimizer at opt_level 1, saved as a new model",
               ort_opt_basic, ort_transformer)
-EXTENDED = FunctionEntry("ort_opt_extended", "transform",
+EXTENDED = FunctionEntry("ort_opt_extended", Kind.TRANSFORM,
                          "ORT's transformer optimizer at opt_level 2, saved as a new model",
                  ort_opt_extended, ort_transformer)

@@ -99,7 +99,9 @@ def treemap(
     kept = aggregate.keep_runs(events, skip_runs=skip_runs)
     if kept.empty:
         return _no_data_figure(title)
-    nodes = kept.groupby([C.OP_TYPE, C.NODE], sort=False)[C.DUR_US].agg(**{C.DUR_US: "sum", C.CALLS: "size"})
+    # Named aggregation; pandas-stubs cannot tell that the unpacked names are not `engine` or `engine_kwargs`.
+    nodes = kept.groupby([C.OP_TYPE, C.NODE], sort=False)[C.DUR_US].agg(  # type: ignore[call-overload]
+        **{C.DUR_US: "sum", C.CALLS: "size"})
     nodes = nodes.reset_index()
     # Ids are positional because node names hold '/' and any other character a path would split on.
     ids, parents, labels = ["root"], [""], ["all kernels"]

@@ -145,6 +145,7 @@ def load_record(folder: str | Path) -> AttemptRecord:
     path = folder / RECORD_FILE
     data = _read_json(path, "record")
     record = _convert(data, AttemptRecord, f"record {path}")
+    assert isinstance(data, dict)  # msgspec made a record of it: a JSON object
     if record.feeds is not None:  # dataclasses: msgspec checks their types, but would ignore a key it does not know
         _refuse_unknown(data["feeds"], FeedsDescription, "$.feeds", f"record {path}")
         for index, spec in enumerate(data["feeds"]["inputs"]):
@@ -179,6 +180,7 @@ def load_summary(path: str | Path) -> dict:
     path = Path(path)
     data = _read_json(path, "study summary")
     _convert(data, _SavedSummary, f"study summary {path}")
+    assert isinstance(data, dict)  # msgspec made a summary of it: a JSON object
     return data
 
 

@@ -96,7 +96,7 @@ class SearchResult:
     def candidate_runs(self, study: str) -> list[dict[str, dict]]:
         """The candidates timed on the screen but not measured in full, as light runs (params, metrics, tags):
         every timed candidate is then a run of the study, those measured in full being its attempt runs."""
-        runs = []
+        runs: list[dict[str, dict]] = []
         for row in self.rows:
             if row.screen_speedup is None or row.status == "timed":
                 continue

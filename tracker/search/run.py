@@ -220,16 +220,17 @@ class _Search:
         if not self.config.max_chains:
             return
         passing = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
-        graphs = [r for r in passing if r.precision == "fp32" and r.kind == Kind.TRANSFORM and r.screen_speedup > 1.0
-                  and r.pipeline is None]
+        # Each of `passing` has a screen speed-up (`or 0.0` is for the type checker).
+        graphs = [r for r in passing if r.precision == "fp32" and r.kind == Kind.TRANSFORM
+                  and (r.screen_speedup or 0.0) > 1.0 and r.pipeline is None]
         # Without kept-in-fp32 nodes: those are named after the un-chained graph.
         quants = [r for r in passing if r.precision in ("int8", "int4") and r.pipeline is None
                   and not getattr(self.made[r.name][0], "exclude", ())]
         if not graphs or not quants:
             return
-        best_q = max(quants, key=lambda r: r.screen_speedup)
+        best_q = max(quants, key=lambda r: r.screen_speedup or 0.0)
         q_entry = self.made[best_q.name][0]
-        for graph in sorted(graphs, key=lambda r: -r.screen_speedup)[: self.config.max_chains]:
+        for graph in sorted(graphs, key=lambda r: -(r.screen_speedup or 0.0))[: self.config.max_chains]:
             chain = Chain((self.made[graph.name][0], q_entry))
             row = self._make_and_check(chain, stage="chain")
             if row is not None and row.passed and chain.name in self.made:
@@ -251,7 +252,7 @@ class _Search:
                     self._screen(row.name, LONG_SCREEN, "long_screen")
         rung.sort(key=lambda r: -(r.screen_speedup or 0))
         top = rung[0].screen_ci_low if rung else None
-        finals = []
+        finals: list[Row] = []
         for row in rung:
             if len(finals) >= self.config.max_full:
                 row.reason = f"speed screen: {row.screen_speedup:.2f}x, behind the {self.config.max_full} leaders"

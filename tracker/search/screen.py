@@ -4,7 +4,7 @@ and a short interleaved timing against the baseline (a screen, not a verdict).""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -56,4 +56,4 @@ def screen_speed(
 
 def _screen_attempt(candidate: Candidate, session: SessionConfig) -> Attempt:
     """The candidate as an attempt under the study's session settings, with its own on top."""
-    return Attempt(name="screen", model=Path(candidate.path), session=replace(session, **candidate.session))
+    return Attempt(name="screen", model=Path(candidate.path), session=candidate.session_on(session))

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import mlflow
 
+from tracker.base.errors import TrackerError
 from tracker.base.keys import (
     ROLE_ATTEMPT,
     TAG_ATTEMPT,
@@ -53,7 +54,11 @@ def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
     if record.parent_run_id and _run_exists(client, record.parent_run_id):
         tags[MLFLOW_PARENT_RUN_ID] = record.parent_run_id
         experiment_id = client.get_run(record.parent_run_id).info.experiment_id  # a child lives with its parent
-    run = client.create_run(experiment_id or _get_experiment_id(), start_time=record.start_time_ms,
+    experiment_id = experiment_id or _get_experiment_id()
+    if experiment_id is None:  # MLflow falls back to its default experiment; None only if it has none
+        raise TrackerError(f"no experiment to upload attempt {record.attempt} into; set one with "
+                           "mlflow.set_experiment or $MLFLOW_EXPERIMENT_NAME")
+    run = client.create_run(experiment_id, start_time=record.start_time_ms,
                             tags=resolve_tags(tags), run_name=record.attempt)
     return run.info.run_id
 
@@ -107,7 +112,8 @@ def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = No
     try:
         mlflow.set_tag(TAG_UPLOADED_LATER, "true")
         if summary is not None:
-            log_study_summary(**summary)
+            # its keys are log_study_summary's keywords (upload reads them back from a saved summary)
+            log_study_summary(**summary)  # type: ignore[arg-type]
         if report is not None:
             log_study_report(report.html, report.tables)
     finally:

@@ -66,6 +66,8 @@ def feeds_dataset(record: AttemptRecord) -> _FeedsDataset:
     from mlflow.types import Schema, TensorSpec
 
     feeds = record.feeds
+    if feeds is None:
+        raise ValueError(f"attempt {record.attempt}: the record has no feeds to log as a dataset")
     # numpy's fixed-width strings have no TensorSpec type; ONNX Runtime takes strings as objects anyway
     schema = Schema([TensorSpec(np.dtype(object if np.dtype(s.dtype).kind in "OSU" else s.dtype), tuple(s.shape),
                                 s.name) for s in feeds.inputs])
@@ -83,7 +85,7 @@ def tensor_signature(model: onnx.ModelProto):
     describes tensors only, so a model with no inputs, or with a sequence or map (a skl2onnx classifier's
     ZipMap), is logged without one."""
     from mlflow.models import ModelSignature
-    from mlflow.types import Schema, TensorSpec
+    from mlflow.types import ColSpec, Schema, TensorSpec
     from onnx import helper
 
     initializers = {t.name for t in model.graph.initializer}
@@ -98,7 +100,7 @@ def tensor_signature(model: onnx.ModelProto):
                               "describes tensors only")
 
     def specs(values) -> Schema:
-        out = []
+        out: list[ColSpec | TensorSpec] = []
         for v in values:
             t = v.type.tensor_type
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)

@@ -12,7 +12,7 @@ import contextlib
 import logging
 import os
 import traceback
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import mlflow
@@ -112,7 +112,8 @@ def attempt_run(
         with deferred():
             mlflow.end_run(status=status)
     except BaseException as e:
-        if run is not None and mlflow.active_run() is not None and mlflow.active_run().info.run_id == run.info.run_id:
+        active = mlflow.active_run()
+        if run is not None and active is not None and active.info.run_id == run.info.run_id:
             with contextlib.suppress(Exception):  # the server may be what failed
                 log_failure(e)
             end_run_quietly("FAILED")
@@ -186,7 +187,7 @@ def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> dict
             _log_part(part, log, left_out)
     if record.model_path:
         with steps.step("model_logging"):
-            _log_model(record, left_out)
+            _log_model(record, Path(record.model_path), left_out)
     if left_out:
         note = "; ".join(f"{part}: {why}" for part, why in left_out.items())
         logger.warning("attempt %s: MLflow refused part of its run, logged without it: %s", record.attempt, note)
@@ -231,10 +232,9 @@ def _log_table_file(artifact_dir: Path, name: str) -> None:
     mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
 
 
-def _log_model(record: AttemptRecord, left_out: dict[str, str]) -> None:
-    """The model with the onnx flavor and its signature; refused, without the signature; refused again (or
-    a custom-domain model), as a plain file."""
-    path = Path(record.model_path)
+def _log_model(record: AttemptRecord, path: Path, left_out: dict[str, str]) -> None:
+    """The model at `path` (the record's) with the onnx flavor and its signature; refused, without the signature;
+    refused again (or a custom-domain model), as a plain file."""
     if record.model_flavor:
         model = load_model(path, check=False)  # by content: a protobuf named .json too
         signature, why_not = tensor_signature(model)
@@ -272,7 +272,7 @@ def current_ids() -> tuple[str | None, str | None]:
 
 
 @defers_sigterm
-def log_candidate_runs(candidates: list[Mapping[str, Mapping]]) -> list[str]:
+def log_candidate_runs(candidates: Sequence[Mapping[str, Mapping]]) -> list[str]:
     """Logs each candidate of a search that was timed but not measured in full as a light run nested under the
     active (study) run: its `params`, `metrics` and `tags` (`tracker.role` = "candidate", so `tracker compare` and
     the study report, which read attempt runs, leave them out). Returns the run ids."""

@@ -56,7 +56,7 @@ EMBEDDING_TOLERANCES = {t.name: t for t in (
     EmbeddingTolerance("int4", min_cosine=0.95),
 )}
 
-_BY_TASK: dict[str, dict[str, TaskTolerance]] = {
+_BY_TASK: Mapping[str, Mapping[str, TaskTolerance]] = {
     "raw": TOLERANCES,
     "regression": REGRESSION_TOLERANCES,
     "classification": CLASSIFICATION_TOLERANCES,
@@ -106,7 +106,7 @@ def accuracy_margin(diff: OutputDiff | LogitsDiff | RegressionDiff | Classificat
     if isinstance(diff, RegressionDiff):
         return left(diff.scaled_error, diff.tolerance.max_scaled_error, 0.0)
     if isinstance(diff, LogitsDiff):
-        t = diff.tolerance
-        return min(left(diff.top1_agreement, t.min_top1, 1.0), left(diff.kl_divergence, t.max_kl, 0.0),
-                   left(diff.max_abs, t.max_abs, 0.0))
+        lt = diff.tolerance
+        return min(left(diff.top1_agreement, lt.min_top1, 1.0), left(diff.kl_divergence, lt.max_kl, 0.0),
+                   left(diff.max_abs, lt.max_abs, 0.0))
     return left(diff.max_abs, diff.tolerance.atol, 0.0)

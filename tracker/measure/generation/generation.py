@@ -89,7 +89,7 @@ class GenerationConfig:
         return {PREFILL: self.speedup_prefill_len or max(self.prefill_lens),
                 DECODE: self.speedup_past_len or max(self.decode_past_lens)}
 
-    def speedup_len(self, phase: str) -> int | None:
+    def speedup_len(self, phase: Phase) -> int | None:
         return {PREFILL: self.speedup_prefill_len, DECODE: self.speedup_past_len}[phase]
 
     def check_positions(self, max_positions: int) -> None:
@@ -205,12 +205,12 @@ def measure_generation(
     vocab = _vocab_size(decoder)
     lens = config.phase_lens
     latencies: dict[str, dict[int, Latency]] = {PREFILL: {}, DECODE: {}}
-    phase_feeds = {}  # each phase's feeds at its length, for its roofline
+    phase_feeds: dict[Phase, dict[str, np.ndarray]] = {}  # each phase's feeds at its length, for its roofline
     for phase, lengths in ((PREFILL, config.prefill_lens), (DECODE, config.decode_past_lens)):
         for n in lengths:
             feeds = decoder.phase_feeds(_phase_tokens(config, phase, n, vocab), _past_len(phase, n))
             logger.info("generation: timing the %s at %d", phase, n)
-            latencies[phase][n] = time_runs(lambda f=feeds: decoder.session.run(None, f), config.timing)
+            latencies[phase][n] = time_runs(_step(decoder, feeds), config.timing)
             if n == lens[phase]:
                 phase_feeds[phase] = feeds
     prompt = _random_tokens(np.random.default_rng([config.seed, 1]), config.prompt_len, vocab)
@@ -224,8 +224,8 @@ def measure_generation(
     if reference is not None:
         logger.info("generation: feeding the reference's %d tokens", reference.tokens.shape[1])
         along = tuple(decoder.forced_logits(reference.prompt, reference.tokens))
-    decoder = None  # free this session before the profiled and the interleaved ones
-    rooflines = {}
+    del decoder  # free this session before the profiled and the interleaved ones
+    rooflines: dict[str, Roofline] = {}
     if config.roofline_runs:
         with tempfile.TemporaryDirectory(prefix="tracker-generation-") as tmp:
             folder = Path(workdir) if workdir is not None else Path(tmp)
@@ -233,10 +233,10 @@ def measure_generation(
                 logger.info("generation: profiling %d runs of the %s at %d", config.roofline_runs, phase, lens[phase])
                 rooflines[phase] = _phase_roofline(model, feeds, session, config.roofline_runs, machine,
                                                    folder / phase)
-    speedups = {}
-    for phase in GENERATION_PHASES if baseline is not None else ():
+    speedups: dict[str, Speedup] = {}
+    for phase in GENERATION_PHASES:
         length = config.speedup_len(phase)
-        if length is None:
+        if baseline is None or length is None:
             continue
         logger.info("generation: timing the %s at %d against the baseline", phase, length)
         tokens, past_len = _phase_tokens(config, phase, length, vocab), _past_len(phase, length)
@@ -287,6 +287,11 @@ def _phase_runners(model: onnx.ModelProto | str | Path, session: SessionConfig, 
         return lambda: decoder.session.run(None, feeds)
 
     return make
+
+
+def _step(decoder: DecoderSession, feeds: dict[str, np.ndarray]) -> Runner:
+    """One run of the decoder's session on `feeds`, for `time_runs`."""
+    return lambda: decoder.session.run(None, feeds)
 
 
 def _vocab_size(decoder: DecoderSession) -> int:

@@ -60,10 +60,12 @@ def check_feed_size(arrays: list[InputSpec], *, max_bytes: int | None = None,
 def _format_bytes(size: int) -> str:
     if size < 1024:
         return f"{size} B"
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            return f"{size:.1f} {unit}"
+    scaled = size / 1024
+    for unit in ("KiB", "MiB", "GiB"):
+        if scaled < 1024:
+            return f"{scaled:.1f} {unit}"
+        scaled /= 1024
+    return f"{scaled:.1f} TiB"
 
 
 def check_feeds(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> None:

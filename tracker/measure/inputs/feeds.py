@@ -170,15 +170,14 @@ def _highest(dtype: np.dtype, high: int) -> int:
 def _shape(spec: InputSpec, sizes: Mapping[str, int | None]) -> tuple[int, ...]:
     shape = []
     for d in spec.dims:
-        if isinstance(d, str):
-            if sizes[d] is None:
-                raise FeedError(
-                    f"input {spec.name!r} has symbolic dim {d!r} with no size and no default (only batch-like "
-                    f"names get {DEFAULT_BATCH}, sequence-like names {DEFAULT_SEQUENCE}); give it, "
-                    f"e.g. dims={{{d!r}: 4}} (CLI: --dim {d}=4)"
-                )
-            d = sizes[d]
-        shape.append(int(d))
+        size = sizes[d] if isinstance(d, str) else d
+        if size is None:
+            raise FeedError(
+                f"input {spec.name!r} has symbolic dim {d!r} with no size and no default (only batch-like "
+                f"names get {DEFAULT_BATCH}, sequence-like names {DEFAULT_SEQUENCE}); give it, "
+                f"e.g. dims={{{d!r}: 4}} (CLI: --dim {d}=4)"
+            )
+        shape.append(int(size))
     return tuple(shape)
 
 
