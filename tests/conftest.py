@@ -22,11 +22,22 @@ _MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "
                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
 
 
+TESTS = Path(__file__).resolve().parent
+# Folders whose every test is one kind: their marker comes from the folder, not from each file. Each of them
+# starts a real `mlflow server` (20-30 s on 2 cores), so they are `slow` as a whole too.
+FOLDER_MARKERS = {"server": ("server", "slow"), "browser": ("browser", "slow")}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A `timing` test checks a measurement statistically on a shared machine: a burst of noise from
+    """Marks the tests of a one-kind folder (FOLDER_MARKERS), and retries `timing` tests.
+
+    A `timing` test checks a measurement statistically on a shared machine: a burst of noise from
     outside the test can move one try, so a failure is tried twice more (pytest-rerunfailures). A broken
     measurement fails every try."""
     for item in items:
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        for name in FOLDER_MARKERS.get(folder, ()):
+            item.add_marker(name)
         if item.get_closest_marker("timing") and not item.get_closest_marker("flaky"):
             item.add_marker(pytest.mark.flaky(reruns=2))
 

@@ -41,6 +41,7 @@ def _migrating(folder: Path) -> bool:
     return False
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_while_the_default_store_is_built_leaves_none_half_built(tmp_path):
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "m.onnx"))
     command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2",
@@ -107,6 +108,7 @@ print("finished normally", flush=True)
 """
 
 
+@pytest.mark.subprocess
 def test_sigterm_swallowed_in_a_weakref_callback_still_ends_the_process_with_143(tmp_path):
     done = subprocess.run([sys.executable, "-c", _SWALLOWED], cwd=tmp_path, env=_env(), capture_output=True,
                           text=True, timeout=60)

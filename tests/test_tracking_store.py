@@ -63,6 +63,7 @@ def test_profile_exits_2_and_names_the_outbox_when_the_store_refuses_the_run(tmp
     assert "once the tracking store answers" not in captured.err
 
 
+@pytest.mark.subprocess
 def test_sigterm_ends_a_study_like_ctrl_c_runs_failed_work_folder_removed_exit_143(tmp_path):
     db = tmp_path / "mlflow.db"
     work_tmp = tmp_path / "tmp"

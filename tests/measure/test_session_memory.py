@@ -65,6 +65,7 @@ def test_the_session_of_a_model_with_a_100_mb_table_holds_about_100_mb(table_fil
     assert result.session_create_ms > 0 and result.first_run_ms > 0
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("runtime", ["onnxruntime", "reference"])
 def test_a_session_without_weights_holds_next_to_nothing_even_as_the_first_of_its_process(runtime):
     # A fresh process: its first session would otherwise be charged with importing and starting the runtime

@@ -92,6 +92,7 @@ def _run_cli(tmp_path: Path, *args: str, **kwargs) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=600, **kwargs)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("args", "message"), [
     (["--search", "--budget", "20x"],
      "--budget expects a duration such as 20m, 90s, 1h30m or 1200 (seconds), got '20x'"),
@@ -130,6 +131,7 @@ def _poisoned(path: Path) -> Path:
     return path
 
 
+@pytest.mark.subprocess
 def test_a_search_where_nothing_passes_exits_0_with_the_baseline_and_every_reason(tmp_path):
     model = _poisoned(tmp_path / "poisoned.onnx")
     feeds = np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)
@@ -144,6 +146,7 @@ def test_a_search_where_nothing_passes_exits_0_with_the_baseline_and_every_reaso
     assert "search: 24 candidates, 24 screened out, 0 measured in full" in done.stdout, done.stdout
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_during_a_search_keeps_what_was_logged_marks_the_cut_attempt_failed_and_exits_130(tmp_path,
                                                                                                   sensitive_mlp):
     env = child_env(f"sqlite:///{tmp_path / 'mlflow.db'}", TRACKER_OUTBOX=str(tmp_path / "outbox"))

@@ -161,6 +161,7 @@ def test_a_second_upload_of_the_same_outbox_is_refused_while_the_first_holds_its
     assert _runs(store) == [] and len(find_records(tmp_path / "outbox")) == 1
 
 
+@pytest.mark.subprocess
 def test_two_uploads_at_once_make_one_run_per_record_and_no_traceback(store, tmp_path):
     for name in "abcdef":
         _kept(tmp_path, name)

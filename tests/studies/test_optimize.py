@@ -14,6 +14,9 @@ from mlflow import MlflowClient
 
 from tests.conftest import child_env
 
+# Every test runs `python -m tracker optimize` in a child process.
+pytestmark = pytest.mark.subprocess
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--profile-runs", "3", "--min-runs", "3", "--min-seconds", "0", "--speedup-rounds", "4",
         "--speedup-seconds", "0", "--threads", "1"]
