@@ -111,3 +111,42 @@ def store(tmp_path, monkeypatch):
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():
         mlflow.end_run()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_export(tmp_path_factory):
+    """`exporter -> ExportResult`: the tiny GPT-2 (seed 0) exported once per exporter for the whole session.
+
+    Several modules read the same export (a GPT-2 export takes seconds); none may write to its folder.
+    """
+    exports = {}
+
+    def get(exporter: str = "dynamo"):
+        if exporter not in exports:
+            from tracker.gpt2.export import export_gpt2
+            from tracker.gpt2.model import load_gpt2
+
+            path = tmp_path_factory.mktemp(f"tiny-gpt2-{exporter}") / "model.onnx"
+            exports[exporter] = export_gpt2(load_gpt2(size="tiny", seed=0), path, exporter=exporter)
+        return exports[exporter]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_decoder(tmp_path_factory):
+    """The tiny GPT-2 (seed 0) exported once for decoding (past key/values in and out), for the whole session."""
+    from tracker.gpt2.decode import export_decoder
+    from tracker.gpt2.model import load_gpt2
+
+    return export_decoder(load_gpt2(size="tiny", seed=0), tmp_path_factory.mktemp("tiny-gpt2-decoder") / "decoder.onnx")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_export(tmp_path_factory) -> Path:
+    """The tiny seeded BERT encoder of tests/optimize (`make_tiny_bert()`), dynamo export, once for the session."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.optimize.conftest import export_bert, make_tiny_bert
+
+    return export_bert(make_tiny_bert(), tmp_path_factory.mktemp("tiny-bert-dynamo") / "model.onnx")

@@ -22,9 +22,8 @@ def tiny() -> LoadedGPT2:
 
 
 @pytest.fixture(scope="module", params=EXPORTERS)
-def exported(request, tiny, tmp_path_factory) -> ExportResult:
-    path = tmp_path_factory.mktemp(request.param) / "gpt2.onnx"
-    return export_gpt2(tiny, path, exporter=request.param)
+def exported(request, tiny_gpt2_export) -> ExportResult:
+    return tiny_gpt2_export(request.param)  # of `load_gpt2(size="tiny", seed=0)`, as `tiny`
 
 
 def _tokens(batch: int, seq_len: int, seed: int = 0) -> np.ndarray:

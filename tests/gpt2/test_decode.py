@@ -26,8 +26,8 @@ def tiny() -> LoadedGPT2:
 
 
 @pytest.fixture(scope="module")
-def exported(tiny, tmp_path_factory) -> DecoderExport:
-    return export_decoder(tiny, tmp_path_factory.mktemp("decode") / "decoder.onnx")
+def exported(tiny_gpt2_decoder) -> DecoderExport:
+    return tiny_gpt2_decoder  # `export_decoder` of `load_gpt2(size="tiny", seed=0)`, as `tiny`
 
 
 @pytest.fixture(scope="module")

@@ -35,11 +35,8 @@ FAST = GenerationConfig(
 
 
 @pytest.fixture(scope="module")
-def tiny_decoder(tmp_path_factory):
-    from tracker.gpt2.decode import export_decoder
-    from tracker.gpt2.model import load_gpt2
-
-    return export_decoder(load_gpt2(size="tiny", seed=0), tmp_path_factory.mktemp("gen") / "decoder.onnx")
+def tiny_decoder(tiny_gpt2_decoder):
+    return tiny_gpt2_decoder
 
 
 @pytest.fixture(scope="module")

@@ -55,12 +55,10 @@ def _gpt2_tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 @pytest.fixture(scope="module", params=MODELS)
 def case(request, tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     """A study model saved to a file, and its feeds."""
-    folder = tmp_path_factory.mktemp(request.param)
     if request.param == "gpt2-tiny":
-        from tracker.gpt2.export import export_gpt2
-
-        loaded, feeds = _gpt2_tiny()
-        return export_gpt2(loaded, folder / "model.onnx").path, feeds
+        _, feeds = _gpt2_tiny()
+        return request.getfixturevalue("tiny_gpt2_export")("dynamo").path, feeds  # the same model, shared
+    folder = tmp_path_factory.mktemp(request.param)
     model, feeds = _linreg() if request.param == "linreg" else _fusion()
     onnx.save(model, str(folder / "model.onnx"))
     return folder / "model.onnx", feeds

@@ -61,12 +61,8 @@ def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tm
 
 
 @pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory):
-    from tracker.gpt2.export import export_gpt2
-    from tracker.gpt2.model import load_gpt2
-
-    loaded = load_gpt2(size="tiny", seed=0)
-    return export_gpt2(loaded, tmp_path_factory.mktemp("gpt2") / "model.onnx", exporter="dynamo")
+def tiny_export(tiny_gpt2_export):
+    return tiny_gpt2_export("dynamo")
 
 
 def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export, tmp_path, monkeypatch):

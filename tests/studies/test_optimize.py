@@ -3,6 +3,7 @@ convolutional net from torch, a tiny BERT encoder. Each study goes to a sqlite s
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,13 +110,13 @@ def test_a_convolutional_net_gets_its_quantized_attempts_and_a_verdict_for_each(
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    """The tiny seeded BERT encoder of tests/optimize, exported with the dynamo exporter (dims batch, seq)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from tests.optimize.conftest import export_bert, make_tiny_bert
+def tiny_bert(tiny_bert_export, tmp_path_factory) -> Path:
+    """The tiny seeded BERT encoder of tests/optimize, exported with the dynamo exporter (dims batch, seq).
 
-    return export_bert(make_tiny_bert(), tmp_path_factory.mktemp("bert") / "tiny-bert.onnx")
+    A copy of the session's export (one file, no external data), named as the study is: `tiny-bert`."""
+    path = tmp_path_factory.mktemp("bert") / "tiny-bert.onnx"
+    shutil.copyfile(tiny_bert_export, path)
+    return path
 
 
 def test_a_bert_encoder_is_judged_as_an_embedding_int8_passes_and_attention_fuses_in_every_layer(tmp_path, tiny_bert):
