@@ -22,7 +22,7 @@ import yaml
 from mlflow import MlflowClient
 
 # Every test runs `mlflow run .` in a child process.
-pytestmark = pytest.mark.subprocess
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["-P", "profile_runs=3", "-P", "min_runs=5", "-P", "min_seconds=0.05", "-P", "threads=1",

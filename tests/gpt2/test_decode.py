@@ -16,6 +16,9 @@ from tracker.gpt2.tokens import make_tokens  # noqa: E402
 from tracker.measure.generation import DecoderSession, past_names  # noqa: E402
 from tracker.measure.ort_runtime import SessionConfig  # noqa: E402
 
+# Nearly every test needs the decoder export (a dynamo export: tens of seconds).
+pytestmark = pytest.mark.slow
+
 TINY = SIZES["tiny"]
 HEAD_DIM = TINY["n_embd"] // TINY["n_head"]
 

@@ -20,6 +20,9 @@ from tracker.measure.machine import MachinePeaks  # noqa: E402
 from tracker.measure.ort_runtime import SessionConfig  # noqa: E402
 from tracker.measure.speedup import SpeedupConfig  # noqa: E402
 
+# Nearly every test needs the decoder export (a dynamo export: tens of seconds).
+pytestmark = pytest.mark.slow
+
 SESSION = SessionConfig()
 FAST = GenerationConfig(
     prefill_lens=(8, 32),

@@ -103,6 +103,7 @@ def _export_path(small_models, bert_exports, export):
     return small_models(export).path if isinstance(export, str) else bert_exports(*export)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("export", "expected"), EXPORTS)
 def test_heads_hidden_size_and_model_type_are_read_from_every_export(small_models, bert_exports, export, expected):
     graph = _graph(_export_path(small_models, bert_exports, export))

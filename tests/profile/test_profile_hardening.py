@@ -64,6 +64,7 @@ def _summarize_fails(capsys, path: Path) -> str:
 # --- 8. memory is bounded by the table, not the text --------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.subprocess
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak RSS from /proc")
 def test_a_one_line_gzip_profile_needs_no_more_memory_than_the_same_events_one_per_line(tmp_path):

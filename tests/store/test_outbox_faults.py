@@ -28,6 +28,9 @@ from tracker.optimize.add_eyelike import make_linear_model
 from tracker.record import RECORD_FILE, AttemptRecord, find_records, save_record
 from tracker.store import upload, write
 
+# Each test logs or uploads whole attempts.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0), trace_levels=(1,))
