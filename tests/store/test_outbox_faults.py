@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 from onnx import TensorProto, helper
 
-from tests.conftest import FAST_SPEEDUP
+from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.cli import main
 from tracker.keys import TAG_NOT_LOGGED
@@ -37,8 +37,8 @@ FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> str:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tmp_path_factory) -> str:
+    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     return uri
