@@ -25,9 +25,9 @@ _MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "
 
 
 TESTS = Path(__file__).resolve().parent
-# Folders whose every test is one kind: their marker comes from the folder, not from each file. Each of them
-# starts a real `mlflow server` (20-30 s on 2 cores), so they are `slow` as a whole too.
-FOLDER_MARKERS = {"server": ("server", "slow"), "browser": ("browser", "slow")}
+# Folders whose every test is one kind: their markers come from the folder, not from each file. Each of them
+# starts a real `mlflow server` process (20-30 s on 2 cores), so they are `subprocess` and `slow` too.
+FOLDER_MARKERS = {"server": ("server", "subprocess", "slow"), "browser": ("browser", "subprocess", "slow")}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
