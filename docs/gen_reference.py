@@ -281,7 +281,7 @@ def meaning(name: str) -> str:
 
 
 def run_contents_page(keys: list[RunKey]) -> str:
-    """Tables of every name `keys` holds, by kind, then the tags the tracker sets (from `tracker.keys`)."""
+    """Tables of every name `keys` holds, by kind, then the tags the tracker sets (from `tracker.base.keys`)."""
     lines = ["# What a run holds", "",
              "Generated when the site is built from the names the linreg study's runs hold, pinned in "
              "`tests/fixtures/linreg_run_names.json` (a test keeps them true), and from the tracker's keys module. "
@@ -335,7 +335,7 @@ def tracker_tags() -> list[tuple[str, str, str]]:
 
 
 def _keys_module():
-    """The module that names the tracker's tags (`tracker.keys`, moved to `tracker.base.keys`)."""
+    """The module that names the tracker's tags (`tracker.base.keys`)."""
     import importlib
 
     for name in KEYS_MODULES:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 from pathlib import Path
 
 import mlflow
@@ -22,11 +24,22 @@ _MLFLOW_ENV = ("MLFLOW_RUN_ID", "MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "
                "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")
 
 
+TESTS = Path(__file__).resolve().parent
+# Folders whose every test is one kind: their markers come from the folder, not from each file. Each of them
+# starts a real `mlflow server` process (20-30 s on 2 cores), so they are `subprocess` and `slow` too.
+FOLDER_MARKERS = {"server": ("server", "subprocess", "slow"), "browser": ("browser", "subprocess", "slow")}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A `timing` test checks a measurement statistically on a shared machine: a burst of noise from
+    """Marks the tests of a one-kind folder (FOLDER_MARKERS), and retries `timing` tests.
+
+    A `timing` test checks a measurement statistically on a shared machine: a burst of noise from
     outside the test can move one try, so a failure is tried twice more (pytest-rerunfailures). A broken
     measurement fails every try."""
     for item in items:
+        folder = item.path.relative_to(TESTS).parts[0] if item.path.is_relative_to(TESTS) else ""
+        for name in FOLDER_MARKERS.get(folder, ()):
+            item.add_marker(name)
         if item.get_closest_marker("timing") and not item.get_closest_marker("flaky"):
             item.add_marker(pytest.mark.flaky(reruns=2))
 
@@ -54,6 +67,25 @@ def child_env(tracking_uri: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def seed_sqlite_store(db: Path, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Makes `db` a new MLflow sqlite database, as a copy of one made once per session; its tracking URI.
+
+    MLflow's migrations take seconds for each new database; a copy takes milliseconds. The copy holds every
+    table and no experiment: MLflow adds its Default experiment when it first opens the copy, with the
+    artifact root of that process's working directory, as it does in a new database.
+    """
+    blank = tmp_path_factory.getbasetemp() / "blank-sqlite-store" / "mlflow.db"
+    if not blank.exists():
+        blank.parent.mkdir(exist_ok=True)
+        MlflowClient(tracking_uri=f"sqlite:///{blank}").search_experiments()
+        db_connection = sqlite3.connect(blank)
+        with db_connection:
+            db_connection.execute("DELETE FROM experiments WHERE experiment_id = 0")
+        db_connection.close()
+    shutil.copyfile(blank, db)
+    return f"sqlite:///{db}"
+
+
 def new_sqlite_store(tmp_path_factory: pytest.TempPathFactory, experiment: str) -> tuple[Path, str, str]:
     """A new sqlite tracking store holding one experiment: (its folder, tracking URI, experiment id).
 
@@ -61,7 +93,7 @@ def new_sqlite_store(tmp_path_factory: pytest.TempPathFactory, experiment: str) 
     directory, which a module-scoped fixture shares with the test that first asked for it.
     """
     folder = tmp_path_factory.mktemp(f"{experiment}-store")
-    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    uri = seed_sqlite_store(folder / "mlflow.db", tmp_path_factory)
     experiment_id = mlflow.MlflowClient(uri).create_experiment(experiment, artifact_location=str(folder / "artifacts"))
     return folder, uri, experiment_id
 
@@ -88,9 +120,9 @@ def feeds():
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch):
+def store(tmp_path, monkeypatch, tmp_path_factory):
     """A sqlite tracking store of its own, made the active one; a client of it. (Some modules define their own.)"""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     # MLflow keeps the active experiment id of the previous test's store in a module global.
@@ -100,3 +132,42 @@ def store(tmp_path, monkeypatch):
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():
         mlflow.end_run()
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_export(tmp_path_factory):
+    """`exporter -> ExportResult`: the tiny GPT-2 (seed 0) exported once per exporter for the whole session.
+
+    Several modules read the same export (a GPT-2 export takes seconds); none may write to its folder.
+    """
+    exports = {}
+
+    def get(exporter: str = "dynamo"):
+        if exporter not in exports:
+            from tracker.gpt2.export import export_gpt2
+            from tracker.gpt2.model import load_gpt2
+
+            path = tmp_path_factory.mktemp(f"tiny-gpt2-{exporter}") / "model.onnx"
+            exports[exporter] = export_gpt2(load_gpt2(size="tiny", seed=0), path, exporter=exporter)
+        return exports[exporter]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_gpt2_decoder(tmp_path_factory):
+    """The tiny GPT-2 (seed 0) exported once for decoding (past key/values in and out), for the whole session."""
+    from tracker.gpt2.decode import export_decoder
+    from tracker.gpt2.model import load_gpt2
+
+    return export_decoder(load_gpt2(size="tiny", seed=0), tmp_path_factory.mktemp("tiny-gpt2-decoder") / "decoder.onnx")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_export(tmp_path_factory) -> Path:
+    """The tiny seeded BERT encoder of tests/optimize (`make_tiny_bert()`), dynamo export, once for the session."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from tests.optimize.conftest import export_bert, make_tiny_bert
+
+    return export_bert(make_tiny_bert(), tmp_path_factory.mktemp("tiny-bert-dynamo") / "model.onnx")

@@ -24,6 +24,7 @@ def runs_of(client: MlflowClient, experiment: str) -> dict[str, object]:
     return {r.info.run_name: r for r in client.search_runs([exp.experiment_id])}
 
 
+@pytest.mark.slow
 def test_a_crashing_attempt_fails_its_own_run_and_the_study_goes_on(store, model, feeds, tmp_path):
     garbage = tmp_path / "garbage.onnx"
     garbage.write_bytes(b"this is not a protobuf \x00\xff" * 10)
@@ -43,6 +44,7 @@ def test_a_crashing_attempt_fails_its_own_run_and_the_study_goes_on(store, model
     assert "ModelError" in Path(error_file).read_text()
 
 
+@pytest.mark.slow
 def test_feeds_that_do_not_match_fail_the_attempt_before_timing(store, model, tmp_path):
     bad = {"X": np.zeros((2, 8), dtype=np.float64)}
     with Study("s", feeds=bad, experiment="api", config=FAST) as study:
@@ -53,6 +55,7 @@ def test_feeds_that_do_not_match_fail_the_attempt_before_timing(store, model, tm
     assert "latency.p50_ms" not in run.data.metrics
 
 
+@pytest.mark.slow
 def test_log_attempt_outside_a_run_makes_a_top_level_run(store, model, feeds):
     result = log_attempt(model, feeds, name="solo", experiment="api", config=FAST)
     run = store.get_run(result.run_id)
@@ -62,6 +65,7 @@ def test_log_attempt_outside_a_run_makes_a_top_level_run(store, model, feeds):
     assert run.data.params["ort.graph_optimization_level"] == "all"
 
 
+@pytest.mark.slow
 def test_log_attempt_inside_an_active_run_nests_and_checks_against_given_outputs(store, model, feeds):
     expected = [feeds["X"] @ (onnx.numpy_helper.to_array(model.graph.initializer[0]) + np.eye(8)) + 1.0]
     mlflow.set_experiment("api")
@@ -75,6 +79,7 @@ def test_log_attempt_inside_an_active_run_nests_and_checks_against_given_outputs
     assert run.data.tags["tracker.diff"] == "failed"
 
 
+@pytest.mark.slow
 def test_a_model_given_as_a_path_with_external_data_is_measured_and_sized(store, model, feeds, tmp_path):
     path = tmp_path / "ext" / "model.onnx"
     path.parent.mkdir()
@@ -96,6 +101,7 @@ def test_the_tracking_uri_is_the_users_or_an_absolute_sqlite_file(monkeypatch, t
     assert resolve_tracking_uri(tmp_path) == "http://127.0.0.1:5000"
 
 
+@pytest.mark.slow
 def test_an_attempt_that_fails_before_measuring_is_a_failed_run_and_the_best_attempt_is_named(store, model, feeds):
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
         study.attempt("baseline", model)
@@ -109,6 +115,7 @@ def test_an_attempt_that_fails_before_measuring_is_a_failed_run_and_the_best_att
     assert runs["s"].data.metrics["study.failed"] == 1
 
 
+@pytest.mark.slow
 def test_an_attempt_that_fails_before_measuring_is_kept_in_the_outbox_when_the_store_refuses_it(
     store, model, feeds, tmp_path, monkeypatch
 ):
@@ -128,6 +135,7 @@ def test_an_attempt_that_fails_before_measuring_is_kept_in_the_outbox_when_the_s
     assert "IndexError" in record.traceback and record.parent_run_id == study.run.info.run_id
 
 
+@pytest.mark.slow
 def test_a_large_raw_profile_is_logged_gzip_compressed_and_still_parses(store, model, feeds, tmp_path, monkeypatch):
     from tracker.profile.parse import parse_profile
     from tracker.run import content as run_content
@@ -152,6 +160,7 @@ def test_names_that_could_escape_a_folder_are_rejected_before_any_run(name, mode
         tracker.Attempt(name=name, model=model)
 
 
+@pytest.mark.slow
 def test_study_optimize_runs_registry_entries_and_logs_what_each_one_did(store, model, feeds):
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
         study.attempt("baseline", model)
@@ -175,6 +184,7 @@ def test_study_optimize_runs_registry_entries_and_logs_what_each_one_did(store, 
     assert runs["s"].data.metrics["study.failed"] == 1
 
 
+@pytest.mark.slow
 def test_study_optimize_rejects_an_unknown_entry_before_any_run(store, model, feeds):
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
         with pytest.raises(ValueError, match="unknown optimization 'turbo'; registered: ort_opt_disabled"):
@@ -182,6 +192,7 @@ def test_study_optimize_rejects_an_unknown_entry_before_any_run(store, model, fe
     assert set(runs_of(store, "api")) == {"s"}
 
 
+@pytest.mark.slow
 def test_feeds_with_an_id_outside_the_table_it_indexes_fail_the_attempt_naming_it(store, tmp_path):
     from onnx import TensorProto, helper, numpy_helper
 

@@ -71,6 +71,7 @@ def test_a_protobuf_model_named_json_loads_by_its_content(tmp_path, capsys):
     assert code == 0 and "MatMul" in out
 
 
+@pytest.mark.slow
 def test_profile_of_a_protobuf_model_named_json_logs_it(store, tmp_path, capsys):
     path = tmp_path / "linear.json"
     path.write_bytes(make_linear_model(n_features=8).SerializeToString())

@@ -16,6 +16,7 @@ import onnx
 import pytest
 
 import tracker.study
+from tests.conftest import seed_sqlite_store
 from tests.test_bad_input import assert_one_line_error, run_cli, run_names
 from tracker.api import Study
 from tracker.base.keys import MAX_EXPERIMENT_NAME_LENGTH
@@ -27,8 +28,8 @@ LONG_NAME = "e" * 501  # MLflow's limit is 500 (mlflow.utils.validation.MAX_EXPE
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> str:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tmp_path_factory) -> str:
+    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     return uri
 

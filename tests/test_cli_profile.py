@@ -5,12 +5,14 @@ from __future__ import annotations
 import mlflow
 import numpy as np
 import onnx
+import pytest
 from mlflow import MlflowClient
 
 from tracker.cli import main
 from tracker.optimize.add_eyelike import make_linear_model
 
 
+@pytest.mark.slow
 def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, monkeypatch, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -38,6 +40,7 @@ def test_profile_with_a_size_for_a_dim_the_model_does_not_have_names_its_dims(tm
     assert "the model's symbolic dims are ['N']" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_profile_takes_the_users_feeds_and_names_the_run_after_the_file(tmp_path, monkeypatch, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

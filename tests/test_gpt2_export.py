@@ -22,9 +22,8 @@ def tiny() -> LoadedGPT2:
 
 
 @pytest.fixture(scope="module", params=EXPORTERS)
-def exported(request, tiny, tmp_path_factory) -> ExportResult:
-    path = tmp_path_factory.mktemp(request.param) / "gpt2.onnx"
-    return export_gpt2(tiny, path, exporter=request.param)
+def exported(request, tiny_gpt2_export) -> ExportResult:
+    return tiny_gpt2_export(request.param)  # of `load_gpt2(size="tiny", seed=0)`, as `tiny`
 
 
 def _tokens(batch: int, seq_len: int, seed: int = 0) -> np.ndarray:
@@ -42,12 +41,14 @@ def _bias_and_norm_params(loaded: LoadedGPT2) -> dict[str, torch.Tensor]:
 # --- export ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_both_exporters_write_a_model_that_passes_the_onnx_checker(exported):
     onnx.checker.check_model(str(exported.path), full_check=True)
     assert exported.node_count > 0
     assert exported.seconds > 0
 
 
+@pytest.mark.slow
 def test_the_export_takes_int64_input_ids_and_gives_logits_with_dynamic_batch_and_seq(exported):
     model = onnx.load(str(exported.path))
     assert exported.input_names == ("input_ids",)
@@ -61,12 +62,14 @@ def test_the_export_takes_int64_input_ids_and_gives_logits_with_dynamic_batch_an
     assert all(isinstance(d, str) for d in logits_dims[:2]) and logits_dims[2] == SIZES["tiny"]["vocab_size"]
 
 
+@pytest.mark.slow
 def test_the_export_records_the_default_opset_of_its_exporter(exported):
     model = onnx.load(str(exported.path), load_external_data=False)
     opset = {o.domain: o.version for o in model.opset_import}[""]
     assert opset == exported.opset == {"dynamo": 20, "torchscript": 17}[exported.exporter]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch", "seq_len"), [(1, 5), (3, 17)], ids=["batch1-seq5", "batch3-seq17"])
 def test_the_export_runs_and_matches_torch_at_other_batch_sizes_and_lengths(exported, tiny, batch, seq_len):
     tokens = _tokens(batch, seq_len, seed=batch)
@@ -76,12 +79,14 @@ def test_the_export_runs_and_matches_torch_at_other_batch_sizes_and_lengths(expo
     assert verify_export(tiny, exported.path, tokens).passed
 
 
+@pytest.mark.slow
 def test_verify_export_passes_for_both_exporters(exported, tiny):
     check = verify_export(tiny, exported.path, _tokens(2, 8))
     assert check.passed
     assert check.max_abs < check.atol == 1e-4
 
 
+@pytest.mark.slow
 def test_verify_export_reports_a_mismatch_without_raising(exported):
     other = load_gpt2(size="tiny", seed=1)
     check = verify_export(other, exported.path, _tokens(1, 8))

@@ -17,6 +17,9 @@ from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import find_records
 from tracker.server import LocalMlflowServer
 
+# Each test starts an `mlflow server` and logs studies to it.
+pytestmark = pytest.mark.slow
+
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
 

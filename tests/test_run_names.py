@@ -14,9 +14,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import child_env
+
+# The study runs as `python -m experiments.linreg` in a child process.
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 PINNED = Path(__file__).parent / "fixtures" / "linreg_run_names.json"

@@ -41,6 +41,8 @@ def _migrating(folder: Path) -> bool:
     return False
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ctrl_c_while_the_default_store_is_built_leaves_none_half_built(tmp_path):
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "m.onnx"))
     command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2",
@@ -107,6 +109,7 @@ print("finished normally", flush=True)
 """
 
 
+@pytest.mark.subprocess
 def test_sigterm_swallowed_in_a_weakref_callback_still_ends_the_process_with_143(tmp_path):
     done = subprocess.run([sys.executable, "-c", _SWALLOWED], cwd=tmp_path, env=_env(), capture_output=True,
                           text=True, timeout=60)
@@ -115,6 +118,7 @@ def test_sigterm_swallowed_in_a_weakref_callback_still_ends_the_process_with_143
     assert "finished normally" not in done.stdout
 
 
+@pytest.mark.slow
 def test_sigterm_that_surfaces_as_another_error_is_an_interruption_not_an_attempt_failure(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))

@@ -102,6 +102,7 @@ def test_string_keys_are_found_through_a_reshape_and_other_strings_are_short_wor
     assert hot.sum() == 5 and list(text) == list(feeds["text"])
 
 
+@pytest.mark.slow
 def test_profile_runs_a_string_model_on_generated_feeds_and_on_a_npz_of_unicode_strings(store, tmp_path, capsys):
     path = tmp_path / "colors.onnx"
     onnx.save_model(color_model(), str(path))
@@ -123,6 +124,7 @@ def test_profile_runs_a_string_model_on_generated_feeds_and_on_a_npz_of_unicode_
         assert spec == {"name": "color", "type": "tensor", "tensor-spec": {"dtype": "object", "shape": shape}}
 
 
+@pytest.mark.slow
 def test_an_attempt_on_string_feeds_checks_string_outputs_against_the_baseline(store, tmp_path):
     model = color_model()
     feeds = {"color": np.array(["red", "blue", "pink"], dtype=object)}

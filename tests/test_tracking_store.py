@@ -41,6 +41,7 @@ def test_the_sqlite_init_lock_lives_beside_the_database_and_a_planted_symlink_is
     assert oct(lock.stat().st_mode & 0o777) == "0o600"
 
 
+@pytest.mark.slow
 def test_profile_exits_2_and_names_the_outbox_when_the_store_refuses_the_run(tmp_path, monkeypatch, capsys):
     db = tmp_path / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # a real store, readable ...
@@ -63,6 +64,8 @@ def test_profile_exits_2_and_names_the_outbox_when_the_store_refuses_the_run(tmp
     assert "once the tracking store answers" not in captured.err
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigterm_ends_a_study_like_ctrl_c_runs_failed_work_folder_removed_exit_143(tmp_path):
     db = tmp_path / "mlflow.db"
     work_tmp = tmp_path / "tmp"

@@ -16,6 +16,9 @@ from tracker.gpt2.tokens import make_tokens  # noqa: E402
 from tracker.measure.generation.decoder import DecoderSession, past_names  # noqa: E402
 from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
 
+# Nearly every test needs the decoder export (a dynamo export: tens of seconds).
+pytestmark = pytest.mark.slow
+
 TINY = SIZES["tiny"]
 HEAD_DIM = TINY["n_embd"] // TINY["n_head"]
 
@@ -26,8 +29,8 @@ def tiny() -> LoadedGPT2:
 
 
 @pytest.fixture(scope="module")
-def exported(tiny, tmp_path_factory) -> DecoderExport:
-    return export_decoder(tiny, tmp_path_factory.mktemp("decode") / "decoder.onnx")
+def exported(tiny_gpt2_decoder) -> DecoderExport:
+    return tiny_gpt2_decoder  # `export_decoder` of `load_gpt2(size="tiny", seed=0)`, as `tiny`
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ def test_a_quiet_second_is_not_disturbed():
     assert not load.disturbed, load
 
 
+@pytest.mark.subprocess
 def test_other_processes_busy_on_every_core_are_seen(busy_cores):
     with watch_cpu_load() as load:
         _spin(1.0)
@@ -64,6 +65,8 @@ def test_a_few_milliseconds_are_never_called_disturbed_whatever_the_ticks_say():
     assert not load.disturbed
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_an_attempt_timed_while_the_cores_are_busy_is_flagged_in_its_run_and_in_compare(
     busy_cores, model, feeds, tmp_path
 ):
@@ -83,6 +86,7 @@ def test_an_attempt_timed_while_the_cores_are_busy_is_flagged_in_its_run_and_in_
     assert "disturbed: " in table and "measure it again on a quiet machine" in table
 
 
+@pytest.mark.slow
 def test_the_same_attempt_on_a_quiet_machine_carries_no_flag(model, feeds, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=1.0),

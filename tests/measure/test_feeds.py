@@ -456,12 +456,14 @@ def bert(tmp_path_factory) -> onnx.ModelProto:
     return onnx.load(str(path))
 
 
+@pytest.mark.slow
 def test_a_dynamo_export_of_bert_indexes_its_word_and_token_type_tables(bert):
     tables = index_tables(bert)
     assert {name: t.rows for name, t in tables.items()} == {"input_ids": 99, "token_type_ids": 2}
     assert symbolic_dims(bert) == {"batch": DEFAULT_BATCH, "sequence": DEFAULT_SEQUENCE}
 
 
+@pytest.mark.slow
 def test_onnx_runtime_runs_the_generated_feeds_of_a_bert_export(bert):
     feeds = make_feeds(bert, dims={"batch": 2, "sequence": 32})
     hidden, pooled = _run(bert, feeds)
@@ -469,6 +471,7 @@ def test_onnx_runtime_runs_the_generated_feeds_of_a_bert_export(bert):
     assert np.isfinite(hidden).all()
 
 
+@pytest.mark.slow
 def test_the_old_generators_token_types_crash_onnx_runtime_on_a_bert_export(bert):
     feeds = make_feeds(bert, dims={"batch": 2, "sequence": 32})
     feeds["token_type_ids"] = np.random.default_rng(0).integers(0, 100, size=(2, 32))

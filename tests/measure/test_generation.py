@@ -21,6 +21,9 @@ from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
 from tracker.measure.timing.latency import TimingConfig  # noqa: E402
 from tracker.measure.timing.speedup import SpeedupConfig  # noqa: E402
 
+# Nearly every test needs the decoder export (a dynamo export: tens of seconds).
+pytestmark = pytest.mark.slow
+
 SESSION = SessionConfig()
 FAST = GenerationConfig(
     prefill_lens=(8, 32),
@@ -36,11 +39,8 @@ FAST = GenerationConfig(
 
 
 @pytest.fixture(scope="module")
-def tiny_decoder(tmp_path_factory):
-    from tracker.gpt2.decode import export_decoder
-    from tracker.gpt2.model import load_gpt2
-
-    return export_decoder(load_gpt2(size="tiny", seed=0), tmp_path_factory.mktemp("gen") / "decoder.onnx")
+def tiny_decoder(tiny_gpt2_decoder):
+    return tiny_gpt2_decoder
 
 
 @pytest.fixture(scope="module")

@@ -111,6 +111,7 @@ def _nan_bias(model: onnx.ModelProto) -> onnx.ModelProto:
     return changed
 
 
+@pytest.mark.slow
 def test_a_study_on_feeds_with_nan_passes_its_baseline_and_an_identical_attempt_and_says_why(
         store, no_machine, caplog):
     model = make_linear_model(n_features=4)
@@ -131,6 +132,7 @@ def test_a_study_on_feeds_with_nan_passes_its_baseline_and_an_identical_attempt_
         assert runs[name].tags["tracker.diff"] == "passed"
 
 
+@pytest.mark.slow
 def test_an_attempt_whose_outputs_hold_nan_where_the_baseline_does_not_is_rejected_and_the_log_says_so(
         store, no_machine, caplog):
     model = make_linear_model(n_features=4)

@@ -169,6 +169,7 @@ def test_the_roof_is_the_bandwidth_slope_below_the_ridge_and_the_peak_above():
         MachinePeaks(peak_gflops=0.0, bandwidth_gbps=1.0, threads=1)
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_the_machine_measures_plausible_peaks_and_its_own_gemm_stays_under_them(tmp_path):
     threads = SessionConfig().intra_op_num_threads
@@ -192,6 +193,7 @@ def test_the_machine_measures_plausible_peaks_and_its_own_gemm_stays_under_them(
     assert row[R.BOUND] == "compute"
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_the_bandwidth_kernel_profiled_as_an_attempt_streams_its_weight_no_faster_than_the_roof(tmp_path):
     """A/A of the memory roof: the roof's own matrix-vector product (a decode step's kernel, one row times a

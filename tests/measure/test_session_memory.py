@@ -44,6 +44,7 @@ def table_file(tmp_path_factory):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("runtime", "in_memory", "copies"),
     [
@@ -65,6 +66,8 @@ def test_the_session_of_a_model_with_a_100_mb_table_holds_about_100_mb(table_fil
     assert result.session_create_ms > 0 and result.first_run_ms > 0
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize("runtime", ["onnxruntime", "reference"])
 def test_a_session_without_weights_holds_next_to_nothing_even_as_the_first_of_its_process(runtime):
     # A fresh process: its first session would otherwise be charged with importing and starting the runtime
@@ -87,6 +90,7 @@ print(json.dumps([result.session_bytes, result.session_create_ms, result.first_r
     assert create_ms > 0 and first_run_ms > 0
 
 
+@pytest.mark.slow
 def test_rss_growth_sees_what_a_block_keeps_and_not_what_it_frees():
     with rss_growth() as kept:
         table = np.ones(50 * MIB // 8)  # 50 MiB, touched

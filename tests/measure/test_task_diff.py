@@ -402,6 +402,7 @@ def test_an_output_of_four_axes_is_not_an_embedding():
 # -- in a study ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_study_logs_the_task_check_and_rejects_by_it(store):
     from skl2onnx import to_onnx
     from sklearn.datasets import make_classification

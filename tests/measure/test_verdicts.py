@@ -55,12 +55,10 @@ def _gpt2_tiny() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 @pytest.fixture(scope="module", params=MODELS)
 def case(request, tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     """A study model saved to a file, and its feeds."""
-    folder = tmp_path_factory.mktemp(request.param)
     if request.param == "gpt2-tiny":
-        from tracker.gpt2.export import export_gpt2
-
-        loaded, feeds = _gpt2_tiny()
-        return export_gpt2(loaded, folder / "model.onnx").path, feeds
+        _, feeds = _gpt2_tiny()
+        return request.getfixturevalue("tiny_gpt2_export")("dynamo").path, feeds  # the same model, shared
+    folder = tmp_path_factory.mktemp(request.param)
     model, feeds = _linreg() if request.param == "linreg" else _fusion()
     onnx.save(model, str(folder / "model.onnx"))
     return folder / "model.onnx", feeds
@@ -87,6 +85,7 @@ def _baseline(path: Path) -> Attempt:
     return Attempt("baseline", path, session=SessionConfig(intra_op_num_threads=2))
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_an_aa_pair_is_never_better_or_worse_and_its_interval_holds_1(case):
     path, feeds = case
@@ -100,6 +99,7 @@ def test_an_aa_pair_is_never_better_or_worse_and_its_interval_holds_1(case):
     assert all(r.mde >= 0.02 and r.rounds >= CONFIG.rounds and r.rounds % 2 == 0 for r in results)
 
 
+@pytest.mark.slow
 @pytest.mark.timing
 def test_the_same_graph_computed_twice_is_worse_near_the_isolated_ratio(case, tmp_path):
     path, feeds = case
@@ -113,6 +113,7 @@ def test_the_same_graph_computed_twice_is_worse_near_the_isolated_ratio(case, tm
     assert statistics.median(r.speedup for r in results) == pytest.approx(true_ratio, rel=0.15)  # ...and measured
 
 
+@pytest.mark.slow
 def test_extra_work_keeps_the_outputs_and_leaves_the_input_model_alone(case):
     path, feeds = case
     model = onnx.load(str(path))

@@ -189,10 +189,8 @@ def small_models(request, tmp_path_factory):
         return SmallModel(path, feeds, None, TOLERANCES)
 
     def gpt2(exporter: str) -> SmallModel:
-        from tracker.gpt2.export import export_gpt2
-
-        tiny = request.getfixturevalue("tiny_gpt2")
-        path = export_gpt2(tiny, tmp_path_factory.mktemp(exporter) / "model.onnx", exporter=exporter).path
+        request.getfixturevalue("tiny_gpt2")  # checks the architecture these tests count on
+        path = request.getfixturevalue("tiny_gpt2_export")(exporter).path  # shared with other modules, read-only
         return SmallModel(path, [gpt2_feeds(3), gpt2_feeds(11)], INFO, LOGITS_TOLERANCES)
 
     def mlp() -> SmallModel:
@@ -203,9 +201,7 @@ def small_models(request, tmp_path_factory):
         return SmallModel(path, feeds, None, TOLERANCES)
 
     def bert() -> SmallModel:
-        pytest.importorskip("torch")
-        pytest.importorskip("transformers")
-        path = export_bert(make_tiny_bert(), tmp_path_factory.mktemp("bert_dynamo") / "model.onnx")
+        path = request.getfixturevalue("tiny_bert_export")  # shared with other modules, read-only
         # No ModelInfo: the entries read heads, hidden size and model type from the graph.
         return SmallModel(path, [bert_feeds(2, 7, seed=1), bert_feeds(3, 13, seed=2)], None, TOLERANCES)
 

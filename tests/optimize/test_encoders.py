@@ -103,6 +103,7 @@ def _export_path(small_models, bert_exports, export):
     return small_models(export).path if isinstance(export, str) else bert_exports(*export)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("export", "expected"), EXPORTS)
 def test_heads_hidden_size_and_model_type_are_read_from_every_export(small_models, bert_exports, export, expected):
     graph = _graph(_export_path(small_models, bert_exports, export))
@@ -112,6 +113,7 @@ def test_heads_hidden_size_and_model_type_are_read_from_every_export(small_model
     assert detect_model_info(_without_values(graph)) == expected
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_an_already_fused_encoder_is_read_from_its_attention_nodes(bert_exports, tmp_path, attn):
     fused = apply("attention_fused", bert_exports("dynamo", attn), tmp_path, Context()).path
@@ -131,6 +133,7 @@ def test_a_graph_without_layer_norms_or_head_shapes_gets_a_reason_not_a_guess(sm
     assert detection.info is None and "no attention heads found" in detection.reason
 
 
+@pytest.mark.slow
 def test_the_model_type_is_a_decoder_only_with_a_causal_mask(small_models, bert_exports):
     assert detect_model_type(_graph(small_models("gpt2_dynamo").path)) == "gpt2"
     assert detect_model_type(_graph(bert_exports("torchscript", "sdpa"))) == "bert"

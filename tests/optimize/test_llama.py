@@ -17,6 +17,9 @@ from tracker.optimize.model_info import detect_from_graph
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+# Every test needs the LLaMA export (a dynamo export: tens of seconds).
+pytestmark = pytest.mark.slow
+
 LAYERS, HEADS, KV_HEADS, HIDDEN, VOCAB = 2, 8, 2, 64, 1000
 
 

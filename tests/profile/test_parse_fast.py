@@ -76,6 +76,7 @@ def test_the_streamed_parse_of_a_synthetic_gpt2_profile_equals_the_whole_text_pa
     assert (streamed.events[C.RUN] >= 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["ort-1.16-fences", "ort-1.32-memory", "synthetic"])
 def test_the_streamed_parse_equals_a_plain_json_load_parse(source, synthetic):
     path = {"ort-1.16-fences": OLD, "ort-1.32-memory": NEW, "synthetic": synthetic}[source]
@@ -210,6 +211,7 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("path", PROFILES)
 def test_a_profile_in_another_layout_parses_the_same_streamed(path, layout, tmp_path):

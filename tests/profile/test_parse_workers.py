@@ -25,6 +25,9 @@ from tracker.profile import parse
 from tracker.profile.parse import parse_profile
 from tracker.profile.stream import event_commas, iter_mapped_batches
 
+# Most tests here start worker processes (`python -m tracker.profile.worker`).
+pytestmark = pytest.mark.subprocess
+
 ONE_PROCESS_LOG = "in one stream"
 
 

@@ -64,6 +64,8 @@ def _summarize_fails(capsys, path: Path) -> str:
 # --- 8. memory is bounded by the table, not the text --------------------------------------------
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak RSS from /proc")
 def test_a_one_line_gzip_profile_needs_no_more_memory_than_the_same_events_one_per_line(tmp_path):
     lines = _lines() * 1500  # ~48 MB of text, ~3 MB of gzip
@@ -78,6 +80,7 @@ def test_a_one_line_gzip_profile_needs_no_more_memory_than_the_same_events_one_p
     assert peaks["one-line"][0] < 1.5 * peaks["one-per-line"][0] + text_bytes // 8, (peaks, text_bytes)
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the peak RSS from /proc")
 @pytest.mark.parametrize("start", [b"", b"[\n"], ids=["nul-bytes", "a-bracket-then-nul-bytes"])
 def test_a_2_gib_file_of_nul_bytes_is_rejected_without_being_read_into_memory(start, tmp_path):

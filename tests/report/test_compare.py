@@ -15,6 +15,9 @@ from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
 from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
 
+# Nearly every test reads the module's study (`store`), which takes tens of seconds to log.
+pytestmark = pytest.mark.slow
+
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
                      trace_levels=(1,))

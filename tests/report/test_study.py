@@ -67,6 +67,7 @@ def rows(study) -> list[AttemptRow]:
     return rows_from_results(study.results, failures=study.failures, skip_runs=FAST.skip_runs)
 
 
+@pytest.mark.slow
 def test_rows_from_results_hold_one_row_per_attempt_in_study_order(study, rows):
     assert [r.attempt for r in rows] == [r.attempt.name for r in study.results] + ["optimizer_crashed"]
     by_name = {r.attempt: r for r in rows}
@@ -94,11 +95,13 @@ def test_an_attempts_status_is_failed_when_it_crashed_else_its_accuracy_check(fa
     assert attempt_status(failed=failed, diff_passed=diff_passed) == status
 
 
+@pytest.mark.slow
 def test_each_runtimes_baseline_is_its_first_attempt_that_succeeded(study):
     baselines = {runtime: r.attempt.name for runtime, r in runtime_baselines(study.results).items()}
     assert baselines == {"onnxruntime": "baseline", "reference": "reference_runtime"}
 
 
+@pytest.mark.slow
 def test_a_rows_speedup_vs_baseline_is_the_ratio_of_its_runtimes_baseline_p50_to_its_own(study, rows):
     by_name = {r.attempt: r for r in rows}
     baselines = runtime_baselines(study.results)
@@ -109,6 +112,7 @@ def test_a_rows_speedup_vs_baseline_is_the_ratio_of_its_runtimes_baseline_p50_to
     assert speedup_vs_baseline(None, 1.0) is None and speedup_vs_baseline(2.0, 1.0) == 0.5
 
 
+@pytest.mark.slow
 def test_the_attempts_table_has_the_report_columns_and_marks_the_best(study, rows):
     table = attempts_table(rows, best=study.best.attempt.name)
     assert tuple(table.columns) == ATTEMPT_COLUMNS
@@ -119,6 +123,7 @@ def test_the_attempts_table_has_the_report_columns_and_marks_the_best(study, row
     assert pd.isna(speedups.loc["optimizer_crashed", P50_MS])
 
 
+@pytest.mark.slow
 def test_ops_by_attempt_puts_each_attempts_profiled_time_per_op_type_side_by_side(study, rows):
     table = ops_by_attempt(rows)
     assert list(table.columns) == [OP_TYPE, *(r.attempt.name for r in study.results)]
@@ -131,6 +136,7 @@ def test_ops_by_attempt_puts_each_attempts_profiled_time_per_op_type_side_by_sid
     assert ops.loc["AddEyeLike", "reference_fused"] > 0
 
 
+@pytest.mark.slow
 def test_graph_changes_by_attempt_list_only_the_op_types_an_attempt_changed(rows):
     table = graph_changes_by_attempt(rows).set_index(OP_TYPE)
     assert set(table.index) == {"Add", "EyeLike", "tracker.fusions:AddEyeLike"}
@@ -159,6 +165,7 @@ def test_attempts_with_the_same_name_get_distinct_columns():
     assert attempt_labels(rows) == ["baseline (aaaaaaaa)", "baseline (bbbbbbbb)", "fp16"]
 
 
+@pytest.mark.slow
 def test_the_html_report_renders_offline_with_plotly_inlined_once(study, rows, tmp_path):
     best = study.best.attempt.name
     built = build_study_report(rows, tmp_path / "report", study="report", best=best)
@@ -179,6 +186,7 @@ def test_a_report_needs_an_attempt(tmp_path):
         write_report([], tmp_path / "r.html", title="empty", best=None)
 
 
+@pytest.mark.slow
 def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

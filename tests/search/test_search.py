@@ -38,6 +38,7 @@ def _children(store, study: Study) -> dict[str, object]:
     return {r.info.run_name: r for r in runs}
 
 
+@pytest.mark.slow
 def test_a_search_keeps_the_planted_layer_in_fp32_and_measures_the_rescued_int8_in_full(store, sensitive_mlp):
     path, feeds = sensitive_mlp
     with _study(store, feeds) as study:
@@ -73,6 +74,7 @@ def test_a_search_keeps_the_planted_layer_in_fp32_and_measures_the_rescued_int8_
     assert "Sensitivity of int8_dynamic" in page.read_text() and "Pareto front" in page.read_text()
 
 
+@pytest.mark.slow
 def test_a_search_respects_its_budget_and_says_which_candidates_it_left_out(store, sensitive_mlp):
     path, feeds = sensitive_mlp
     budget = 12.0
@@ -92,6 +94,8 @@ def _run_cli(tmp_path: Path, *args: str, **kwargs) -> subprocess.CompletedProces
                           capture_output=True, text=True, timeout=600, **kwargs)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.parametrize(("args", "message"), [
     (["--search", "--budget", "20x"],
      "--budget expects a duration such as 20m, 90s, 1h30m or 1200 (seconds), got '20x'"),
@@ -130,6 +134,8 @@ def _poisoned(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_search_where_nothing_passes_exits_0_with_the_baseline_and_every_reason(tmp_path):
     model = _poisoned(tmp_path / "poisoned.onnx")
     feeds = np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)
@@ -144,6 +150,8 @@ def test_a_search_where_nothing_passes_exits_0_with_the_baseline_and_every_reaso
     assert "search: 24 candidates, 24 screened out, 0 measured in full" in done.stdout, done.stdout
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ctrl_c_during_a_search_keeps_what_was_logged_marks_the_cut_attempt_failed_and_exits_130(tmp_path,
                                                                                                   sensitive_mlp):
     env = child_env(f"sqlite:///{tmp_path / 'mlflow.db'}", TRACKER_OUTBOX=str(tmp_path / "outbox"))

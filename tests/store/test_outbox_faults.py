@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 from onnx import TensorProto, helper
 
-from tests.conftest import FAST_SPEEDUP
+from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
 from tracker import MeasureConfig, Study, TimingConfig, upload
 from tracker.base.keys import TAG_NOT_LOGGED
 from tracker.cli import main
@@ -28,14 +28,17 @@ from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import RECORD_FILE, AttemptRecord, find_records, save_record
 from tracker.store import kept_runs
 
+# Each test logs or uploads whole attempts.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0), trace_levels=(1,))
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> str:
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, monkeypatch, tmp_path_factory) -> str:
+    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     return uri
@@ -161,6 +164,7 @@ def test_a_second_upload_of_the_same_outbox_is_refused_while_the_first_holds_its
     assert _runs(store) == [] and len(find_records(tmp_path / "outbox")) == 1
 
 
+@pytest.mark.subprocess
 def test_two_uploads_at_once_make_one_run_per_record_and_no_traceback(store, tmp_path):
     for name in "abcdef":
         _kept(tmp_path, name)

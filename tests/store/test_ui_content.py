@@ -63,6 +63,7 @@ def logged(tmp_path_factory) -> Logged:
                   {r.attempt.name: r for r in study.results}, lines)
 
 
+@pytest.mark.slow
 def test_the_studys_last_log_line_links_to_its_run_in_the_runs_view(logged):
     link = (f"http://127.0.0.1:5000/#/experiments/{logged.experiment_id}/runs/{logged.study_run_id}"
             "?workflowType=machine_learning")
@@ -70,6 +71,7 @@ def test_the_studys_last_log_line_links_to_its_run_in_the_runs_view(logged):
                                     f"`mlflow ui --backend-store-uri {logged.uri}`")
 
 
+@pytest.mark.slow
 def test_the_link_to_a_run_on_a_server_carries_no_credentials(logged, monkeypatch):
     isolate_mlflow(monkeypatch)
     run = MlflowClient(logged.uri).get_run(logged.study_run_id)
@@ -78,6 +80,7 @@ def test_the_link_to_a_run_on_a_server_carries_no_credentials(logged, monkeypatc
                                    f"{logged.study_run_id}?workflowType=machine_learning")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", ["baseline", "reference.eval"])
 def test_every_attempt_run_has_its_sessions_creation_time_first_run_and_memory(logged, attempt):
     metrics = MlflowClient(logged.uri).get_run(logged.run_ids[attempt]).data.metrics
@@ -88,6 +91,7 @@ def test_every_attempt_run_has_its_sessions_creation_time_first_run_and_memory(l
     assert abs(metrics["memory.session_mb"]) < 3  # 8x8 weights: next to nothing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("attempt", "name"), [("baseline", "lin_v1-baseline"),
                                                 ("reference.eval", "lin_v1-reference_eval")])
 def test_the_logged_model_is_named_after_the_study_and_the_attempt(logged, attempt, name):
@@ -98,6 +102,7 @@ def test_the_logged_model_is_named_after_the_study_and_the_attempt(logged, attem
     assert (model.tags["tracker.study"], model.tags["tracker.attempt"]) == (STUDY, attempt)  # the exact names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attempt", ["baseline", "reference.eval"])
 def test_the_feeds_are_the_runs_dataset_input_by_name_dtype_and_shape(logged, attempt):
     (logged_input,) = MlflowClient(logged.uri).get_run(logged.run_ids[attempt]).inputs.dataset_inputs
@@ -117,6 +122,7 @@ def test_the_digest_follows_the_values_not_only_the_shapes():
     assert describe_feeds({"X": FEEDS["X"].reshape(4, 4)}).digest != describe_feeds(FEEDS).digest
 
 
+@pytest.mark.slow
 def test_an_attempt_outside_a_study_names_its_model_and_dataset_after_itself(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = log_attempt(make_linear_model(n_features=8), FEEDS, name="solo", experiment="lone", config=FAST,
@@ -128,6 +134,7 @@ def test_an_attempt_outside_a_study_names_its_model_and_dataset_after_itself(tmp
     assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["solo.feeds"]
 
 
+@pytest.mark.slow
 def test_a_record_kept_in_the_outbox_is_uploaded_with_its_feeds_as_the_dataset_input(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

@@ -115,6 +115,7 @@ UNSAFE = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spoil, offending", UNSAFE.values(), ids=UNSAFE.keys())
 def test_a_record_naming_a_file_outside_its_folder_is_refused_before_any_run_and_the_others_upload(
     store, outbox, tmp_path, spoil, offending, capsys
@@ -146,6 +147,7 @@ MALFORMED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spoil, expected", MALFORMED.values(), ids=MALFORMED.keys())
 def test_a_malformed_record_gets_a_one_line_error_naming_it_and_the_others_upload(
     store, outbox, tmp_path, spoil, expected, capsys
@@ -187,6 +189,7 @@ def _dead_server_uri() -> str:
         return f"http://127.0.0.1:{s.getsockname()[1]}"
 
 
+@pytest.mark.slow
 def test_a_study_cut_off_by_an_outage_gets_its_summary_and_report_and_keeps_its_order_after_upload(
     store, tmp_path, monkeypatch, model, feeds, capsys
 ):

@@ -23,6 +23,8 @@ pytest.importorskip("transformers")
 TINY = ["-P", "size=tiny", "-P", "seq_lens=8,16", "-P", "headline_seq=8"]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tmp_path):
     client = mlflow_run(tmp_path, "gpt2", *TINY)
     experiment = client.get_experiment_by_name("studies")
@@ -61,14 +63,11 @@ def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tm
 
 
 @pytest.fixture(scope="module")
-def tiny_export(tmp_path_factory):
-    from tracker.gpt2.export import export_gpt2
-    from tracker.gpt2.model import load_gpt2
-
-    loaded = load_gpt2(size="tiny", seed=0)
-    return export_gpt2(loaded, tmp_path_factory.mktemp("gpt2") / "model.onnx", exporter="dynamo")
+def tiny_export(tiny_gpt2_export):
+    return tiny_gpt2_export("dynamo")
 
 
+@pytest.mark.slow
 def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export, tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -112,6 +111,7 @@ def _generation_study(**overrides):
     return GPT2StudyConfig(**{**fields, **overrides})
 
 
+@pytest.mark.slow
 def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_attempt(tmp_path, monkeypatch):
     from tracker.studies.gpt2 import run_gpt2_study
 

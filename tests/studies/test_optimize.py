@@ -3,6 +3,7 @@ convolutional net from torch, a tiny BERT encoder. Each study goes to a sqlite s
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import child_env
+
+# Every test runs `python -m tracker optimize` in a child process.
+pytestmark = pytest.mark.subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["--profile-runs", "3", "--min-runs", "3", "--min-seconds", "0", "--speedup-rounds", "4",
@@ -74,6 +78,7 @@ def convnet(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_classifier_pipeline_is_optimized_and_judged_by_its_classes(tmp_path, classifier):
     done = optimize(tmp_path, classifier, "--task", "classification", "--feeds", str(classifier.parent / "feeds.npz"))
     runs = runs_of(tmp_path)
@@ -92,6 +97,7 @@ def test_a_classifier_pipeline_is_optimized_and_judged_by_its_classes(tmp_path, 
     assert "best:" in done.stdout and "ort_opt_disabled" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_convolutional_net_gets_its_quantized_attempts_and_a_verdict_for_each(tmp_path, convnet):
     optimize(tmp_path, convnet, "--task", "classification", "--dim", "batch=4")
     runs = runs_of(tmp_path)
@@ -106,15 +112,16 @@ def test_a_convolutional_net_gets_its_quantized_attempts_and_a_verdict_for_each(
 
 
 @pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory) -> Path:
-    """The tiny seeded BERT encoder of tests/optimize, exported with the dynamo exporter (dims batch, seq)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from tests.optimize.conftest import export_bert, make_tiny_bert
+def tiny_bert(tiny_bert_export, tmp_path_factory) -> Path:
+    """The tiny seeded BERT encoder of tests/optimize, exported with the dynamo exporter (dims batch, seq).
 
-    return export_bert(make_tiny_bert(), tmp_path_factory.mktemp("bert") / "tiny-bert.onnx")
+    A copy of the session's export (one file, no external data), named as the study is: `tiny-bert`."""
+    path = tmp_path_factory.mktemp("bert") / "tiny-bert.onnx"
+    shutil.copyfile(tiny_bert_export, path)
+    return path
 
 
+@pytest.mark.slow
 def test_a_bert_encoder_is_judged_as_an_embedding_int8_passes_and_attention_fuses_in_every_layer(tmp_path, tiny_bert):
     from tests.optimize.conftest import BERT_HEADS, BERT_HIDDEN, BERT_LAYERS
 
@@ -153,6 +160,7 @@ def runs_of_or_empty(tmp_path: Path) -> dict[str, object]:
     return {} if experiment is None else runs_of(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("args", "message"), [
     (["--task", "poetry"], "unknown task 'poetry'"),
     (["--attempts", "turbo"], "unknown optimization 'turbo'; registered: ort_opt_disabled"),
@@ -173,6 +181,7 @@ def test_a_feeds_file_that_does_not_fit_exits_2_naming_the_input(tmp_path, class
     assert "wrong_name" in done.stderr
 
 
+@pytest.mark.slow
 def test_the_optimize_entry_point_of_mlflow_run_optimizes_the_given_model(tmp_path, classifier):
     from tests.studies.test_studies import mlflow_run, runs_by_name
 

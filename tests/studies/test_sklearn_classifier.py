@@ -17,6 +17,9 @@ from tracker.cli import main
 from tracker.measure.attempt import Attempt, AttemptResult
 from tracker.studies.own import study_failure
 
+# Each test runs a whole study.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def optimize(store, monkeypatch, capsys, tmp_path):

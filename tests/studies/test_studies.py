@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+# Every test runs `mlflow run` in a child process.
+pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
+
 ROOT = Path(__file__).resolve().parents[2]
 FAST = ["-P", "profile_runs=4", "-P", "min_runs=5", "-P", "min_seconds=0.02", "-P", "threads=1",
         "-P", "speedup_rounds=4", "-P", "speedup_seconds=0"]
