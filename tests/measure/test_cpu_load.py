@@ -43,6 +43,7 @@ def _spin(seconds: float) -> None:
         pass
 
 
+@pytest.mark.timing  # a quiet machine is the premise: a burst of outside load is retried, not a failure
 def test_a_quiet_second_is_not_disturbed():
     with watch_cpu_load() as load:
         _spin(1.0)
@@ -87,6 +88,7 @@ def test_an_attempt_timed_while_the_cores_are_busy_is_flagged_in_its_run_and_in_
 
 
 @pytest.mark.slow
+@pytest.mark.timing  # as above
 def test_the_same_attempt_on_a_quiet_machine_carries_no_flag(model, feeds, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     config = MeasureConfig(profile_runs=3, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=1.0),
