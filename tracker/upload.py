@@ -18,15 +18,18 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from tracker.base.errors import RecordError, TrackerError
 from tracker.base.keys import NO_BEST, ROLE_STUDY, TAG_BEST, TAG_ROLE, TAG_STUDY
 from tracker.base.termination import deferred
 from tracker.run.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries, load_record, load_summary
 from tracker.store import faults
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -87,20 +90,21 @@ def upload_outbox(root: Path) -> Upload:
         return _upload(root)
 
 
+def _load_each(paths: Iterable[Path], load: Callable[[Path], T], refused: dict[Path, str]) -> dict[Path, T]:
+    """`load` of each path; a path whose content is refused (`RecordError`) goes to `refused` with the reason."""
+    loaded = {}
+    for path in paths:
+        try:
+            loaded[path] = load(path)
+        except RecordError as e:
+            refused[path] = str(e)
+    return loaded
+
+
 def _upload(root: Path) -> Upload:
     result = Upload()
-    records: dict[Path, AttemptRecord] = {}
-    for folder in find_records(root):
-        try:
-            records[folder] = load_record(folder)
-        except RecordError as e:
-            result.refused[folder] = str(e)
-    summaries: dict[Path, dict] = {}
-    for path in find_summaries(root):
-        try:
-            summaries[path] = load_summary(path)
-        except RecordError as e:
-            result.refused[path] = str(e)
+    records: dict[Path, AttemptRecord] = _load_each(find_records(root), load_record, result.refused)
+    summaries: dict[Path, dict] = _load_each(find_summaries(root), load_summary, result.refused)
 
     studies: dict[str, Path] = {}  # study run id -> its folder in the outbox
     for folder, record in records.items():
