@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from tracker.base.keys import METRIC_DIFF_PASSED
 from tracker.base.vocabulary import GENERATION_PHASES, Phase
 from tracker.measure.costmodel.roofline import MATMULS
+from tracker.measure.costmodel.step_split import StepSplit, read_step_split
 from tracker.measure.timing.speedup import Speedup
 
 GENERATION_PREFIX = "gen."  # the generation phases' keys
@@ -97,6 +98,7 @@ class ScenarioFigures:
         matmul_pct_peak: the matrix products' share of the roof at their intensity.
         matmul_intensity: their FLOP per byte.
         memory_bound: whether most of the kernel time is below the ridge.
+        split: where a step's time goes (`StepSplit`, under `<prefix>split.`); the decode phase's, at its length.
     """
 
     scope: Scope
@@ -106,6 +108,7 @@ class ScenarioFigures:
     matmul_pct_peak: float | None = None
     matmul_intensity: float | None = None
     memory_bound: bool | None = None
+    split: StepSplit | None = None
 
     @property
     def phase(self) -> Phase:
@@ -132,6 +135,7 @@ def scenario_figures(metrics: Mapping[str, float], scope: Scope) -> ScenarioFigu
         matmul_pct_peak=metrics.get(f"{roofline}{MATMULS}.pct_peak"),
         matmul_intensity=metrics.get(f"{roofline}{MATMULS}.intensity"),
         memory_bound=None if bound is None else bool(bound),
+        split=read_step_split(metrics, scope.prefix),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,6 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from tracker.measure.costmodel import roofline as R
+from tracker.measure.costmodel.step_split import Part, StepSplit
 from tracker.profile import aggregate
 from tracker.profile import columns as C
 from tracker.report.page import write_page
@@ -260,6 +261,39 @@ def _draw_roofs(fig: go.Figure, machine: MachinePeaks, intensities: np.ndarray) 
     fig.add_trace(go.Scatter(x=[ridge, high], y=[machine.peak_gflops, machine.peak_gflops], mode="lines",
                              name=f"peak {machine.peak_gflops:,.1f} GFLOP/s (fp32 GEMM)", hovertemplate=hover,
                              line={"color": _ROOF_COLOR, "width": 2}))
+
+
+# The step's parts, in the order stacked, with their names and colours on the chart.
+_SPLIT_PARTS = ((Part.LAYER_MATMULS, "layers' matrix products", "#4575b4"), (Part.LM_HEAD, "lm_head", "#91bfdb"),
+                (Part.ATTENTION, "attention", "#fc8d59"), (Part.KV_IO, "KV cache I/O", "#d73027"),
+                (Part.OTHER, "other", "#b0b0b0"))
+
+
+def step_split_chart(splits: Mapping[str, StepSplit], *, title: str) -> go.Figure:
+    """A stacked horizontal bar per label (an attempt) of a step's time by part (`StepSplit`), in ms.
+
+    Args:
+        splits: the splits, by label, in the order to show them (top to bottom).
+        title: the figure's title.
+    """
+    if not splits:
+        return _no_data_figure(title)
+    labels = list(splits)
+    fig = go.Figure()
+    for part, name, color in _SPLIT_PARTS:
+        ms = [splits[label].part_ms(part) for label in labels]
+        shares = [100.0 * splits[label].share(part) for label in labels]
+        steps = [splits[label].step_ms for label in labels]
+        fig.add_trace(go.Bar(
+            name=name, x=ms, y=labels, orientation="h", marker_color=color,
+            customdata=np.stack([shares, steps], axis=1),
+            hovertemplate=("<b>%{y}</b><br>" + name + ": %{x:,.2f} ms, %{customdata[0]:.1f} % of the "
+                           "%{customdata[1]:,.2f} ms step<extra></extra>"),
+        ))
+    _layout_bars(fig, title, "ms per step", n_bars=len(labels))
+    fig.update_layout(barmode="stack", legend={"orientation": "h", "y": 1.02, "yanchor": "bottom"},
+                      margin={"t": 90, "l": 10, "r": 10, "b": 40})
+    return fig
 
 
 def write_html(figures: Sequence[go.Figure], path: str | Path, *, title: str) -> Path:

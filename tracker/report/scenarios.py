@@ -13,9 +13,10 @@ import pandas as pd
 from tracker.base.keys import NO_BEST, TAG_BEST
 from tracker.base.vocabulary import GENERATION_PHASES, Phase, Verdict
 from tracker.measure.costmodel import roofline as R
+from tracker.measure.costmodel.step_split import StepSplit
 from tracker.measure.schema import ScenarioFigures
 from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup, judge
-from tracker.report.rows import AttemptRow, best_attempt, pick_best
+from tracker.report.rows import AttemptRow, attempt_labels, best_attempt, pick_best
 
 FORWARD, PREFILL, DECODE = Phase.FORWARD, Phase.PREFILL, Phase.DECODE
 PHASES = GENERATION_PHASES
@@ -146,3 +147,26 @@ def roof_sentences(scenarios: pd.DataFrame) -> list[str]:
                    f"the matrix products run at {row['matmul_flop_per_byte']:.3g} FLOP per byte, "
                    f"{row['matmul_pct_peak']:.0f} % of the roof there.")
     return out
+
+
+SPLIT_NOTE = (
+    "One decode step, timed as the decode loop runs it (the past fed as numpy arrays, the presents returned as "
+    "arrays) in a profiled session: the means over the middle half of its steps. Matrix products with a weight: the "
+    "layers' and the lm_head's (the product that makes the logits), each with its weight's dequantization and its "
+    "activation's quantization. Attention: the kernels between the projections (the score and context products, "
+    "softmax, the mask, the heads' transposes, fused attention). KV cache I/O: the step's wall time outside ONNX "
+    "Runtime's run (the past in, the presents out) and the in-graph Concat of the past and the new key/value. Other: "
+    "the rest (layer norms, GELU, embeddings, residual adds) and ONNX Runtime's time between kernels, where the "
+    "profiler's own cost lands.")
+
+
+def decode_splits(rows: Sequence[AttemptRow]) -> tuple[int | None, dict[str, StepSplit]]:
+    """The decode phase's length and each attempt's split of its decode step there (`ScenarioFigures.split`), by
+    attempt label, in study order; attempts without one (failed, no generation, older runs) are left out."""
+    splits, length = {}, None
+    for label, row in zip(attempt_labels(rows), rows):
+        f = phase_figures(row, DECODE)
+        if f is not None and f.figures.split is not None:
+            splits[label] = f.figures.split
+            length = length or f.length
+    return length, splits

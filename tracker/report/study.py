@@ -14,7 +14,7 @@ import pandas as pd
 from tracker.base.vocabulary import Status, Verdict
 from tracker.measure.costmodel import roofline as R
 from tracker.measure.timing.speedup import describe
-from tracker.report.charts import roofline_chart
+from tracker.report.charts import roofline_chart, step_split_chart
 from tracker.report.page import write_page
 from tracker.report.rows import (
     BEST,
@@ -39,7 +39,7 @@ from tracker.report.rows import (
     attempt_labels,
     report_tables,
 )
-from tracker.report.scenarios import generation_table, roof_sentences, scenarios_table
+from tracker.report.scenarios import SPLIT_NOTE, decode_splits, generation_table, roof_sentences, scenarios_table
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -163,6 +163,10 @@ def _scenario_parts(rows: Sequence[AttemptRow], rooflines: Mapping[str, R.Roofli
              "its precision), else the baseline. Its roof is the one most of its kernel time sits under.</p>",
              _frame_html(scenarios), "<p>" + _e(" ".join(roof_sentences(scenarios))) + "</p>",
              "<h3>Every attempt in each phase</h3>", _frame_html(generation)]
+    length, splits = decode_splits(rows)
+    if splits:
+        parts += ["<h3>Where a decode step's time goes</h3>", f"<p>{_e(SPLIT_NOTE)}</p>", step_split_chart(
+            splits, title=f"Where a decode step's time goes, at a past of {length} (ms per step)")]
     by_phase = {f"{attempt} · {phase}": roofline
                 for attempt, phases in phase_rooflines.items() for phase, roofline in phases.items()}
     if by_phase:

@@ -17,6 +17,8 @@ import onnx
 
 from tracker.base.vocabulary import GENERATION_PHASES, Phase
 from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
+from tracker.measure.costmodel.step_split import StepSplit
+from tracker.measure.generation.decode_split import numpy_step, profile_steps
 from tracker.measure.generation.decoder import LOGITS, DecoderSession, Generation
 from tracker.measure.runtimes.ort_runtime import SessionConfig, profile_ort
 from tracker.measure.schema import Scope, phase_prefix, speedup_metrics
@@ -131,6 +133,8 @@ class GenerationResult:
         phase_lens: each phase's length (`GenerationConfig.phase_lens`): the keys of its speed-up and roofline.
         speedups: by phase, the phase at its length timed against the baseline; only phases that were.
         rooflines: by phase, the phase's profiled kernels at its length against the machine's roofs.
+        decode_split: where the decode step's time goes at its length (`phase_lens`), from the decode phase's
+            profiled steps; None without a roofline.
         along_reference: the next-token logits [batch, vocab] of each step when the reference's tokens are fed
             (the reference's prompt, then its generated tokens one at a time), or None without a reference.
     """
@@ -144,11 +148,12 @@ class GenerationResult:
     phase_lens: Mapping[str, int] = field(default_factory=dict)
     speedups: Mapping[str, Speedup] = field(default_factory=dict)
     rooflines: Mapping[str, Roofline] = field(default_factory=dict)
+    decode_split: StepSplit | None = None
     along_reference: tuple[np.ndarray, ...] | None = None
 
     def metrics(self) -> dict[str, float]:
         """`gen.*` metric values: `gen.<phase>.<length>.speedup*` and `gen.<phase>.<length>.roofline.*` per phase
-        (`phase_prefix`)."""
+        (`phase_prefix`), and the decode step's split at its length, `gen.decode.<length>.split.*`."""
         metrics = {phase_prefix(phase, n) + "p50_ms": lat.p50_ms
                    for phase, latencies in ((PREFILL, self.prefill), (DECODE, self.decode))
                    for n, lat in latencies.items()}
@@ -159,6 +164,9 @@ class GenerationResult:
         for phase, roofline in self.rooflines.items():
             prefix = phase_prefix(phase, self.phase_lens[phase])
             metrics.update({prefix + key: value for key, value in roofline.metrics().items()})
+        if self.decode_split is not None:
+            prefix = phase_prefix(DECODE, self.phase_lens[DECODE])
+            metrics.update({prefix + key: value for key, value in self.decode_split.metrics().items()})
         return metrics
 
 
@@ -182,7 +190,9 @@ def measure_generation(
     the past a prompt pass of p random tokens made, the same past every run. When `baseline` is given, each phase
     at its `config.speedup_*_len` is timed interleaved against it in rounds of fresh sessions (`measure_speedup`),
     each session with its own past from the same tokens. With `config.roofline_runs`, each phase at its
-    `config.phase_lens` length is profiled in a session of its own and its kernels costed (`build_roofline`).
+    `config.phase_lens` length is profiled in a session of its own and its kernels costed (`build_roofline`); the
+    decode step's profiled steps, each timed as the decode loop runs it, also give where its time goes
+    (`decode_split`).
 
     Args:
         model: the decode-ready model.
@@ -226,13 +236,18 @@ def measure_generation(
         along = tuple(decoder.forced_logits(reference.prompt, reference.tokens))
     del decoder  # free this session before the profiled and the interleaved ones
     rooflines: dict[str, Roofline] = {}
+    split = None
     if config.roofline_runs:
         with tempfile.TemporaryDirectory(prefix="tracker-generation-") as tmp:
             folder = Path(workdir) if workdir is not None else Path(tmp)
             for phase, feeds in phase_feeds.items():
                 logger.info("generation: profiling %d runs of the %s at %d", config.roofline_runs, phase, lens[phase])
-                rooflines[phase] = _phase_roofline(model, feeds, session, config.roofline_runs, machine,
-                                                   folder / phase)
+                if phase == DECODE:
+                    rooflines[phase], split = _decode_roofline(model, feeds, session, config.roofline_runs, machine,
+                                                               folder / phase)
+                else:
+                    rooflines[phase] = _phase_roofline(model, feeds, session, config.roofline_runs, machine,
+                                                       folder / phase)
     speedups: dict[str, Speedup] = {}
     for phase in GENERATION_PHASES:
         length = config.speedup_len(phase)
@@ -252,6 +267,7 @@ def measure_generation(
         phase_lens=lens,
         speedups=speedups,
         rooflines=rooflines,
+        decode_split=split,
         along_reference=along,
     )
 
@@ -274,6 +290,15 @@ def _phase_roofline(model, feeds: Mapping[str, np.ndarray], session: SessionConf
     profiled = profile_ort(model, feeds, config=session, runs=runs, workdir=workdir, save_optimized_model=False)
     events = parse_profile(profiled.profile_path).events
     return build_roofline(events, machine=machine, skip_runs=1, tokens_per_run=count_tokens(feeds))
+
+
+def _decode_roofline(model, feeds: Mapping[str, np.ndarray], session: SessionConfig, runs: int,
+                     machine: MachinePeaks | None, workdir: Path) -> tuple[Roofline, StepSplit]:
+    """The decode step's roofline (as `_phase_roofline`) and where its time goes, from one profiled session whose
+    steps are timed as the numpy decode loop runs them (the first step dropped from both)."""
+    steps = profile_steps(model, session, numpy_step(feeds), runs=runs, workdir=workdir)
+    roofline = build_roofline(steps.profile.events, machine=machine, skip_runs=1, tokens_per_run=count_tokens(feeds))
+    return roofline, steps.split(skip_runs=1)
 
 
 def _phase_runners(model: onnx.ModelProto | str | Path, session: SessionConfig, tokens: np.ndarray, past_len: int):
