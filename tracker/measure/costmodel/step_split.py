@@ -5,11 +5,13 @@ over those parts (`StepSplit`), its metric keys and back.
 The parts, decided on the runtime graph (`classify_nodes`), by the first rule that holds:
 
 - **KV cache I/O** (`kv_io`): a `Concat` of a graph input into a graph output, the in-graph copy of the past and the
-  new key/value into the present. It copies the whole cache every step, as the host does, and it is what a cache
-  shared between past and present (fused attention with a past, onnxruntime-genai's buffers) removes; so it is
-  counted here and not in attention. Added to it: the host's part of the step, its wall time outside ONNX Runtime's
-  `model_run` (feeding the past, returning the presents, their allocation), measured outside the graph
-  (`split_step`).
+  new key/value into the present. It reads and writes the whole cache every step (the present's allocation
+  included), and it is what a cache shared between past and present (fused attention with a past,
+  onnxruntime-genai's buffers) removes; so it is counted here and not in attention. Added to it: the host's part of
+  the step, its wall time outside ONNX Runtime's `model_run` (feeding the past, returning the presents), measured
+  outside the graph (`split_step`). ONNX Runtime 1.32 takes numpy feeds and returns outputs as numpy views of its
+  own buffers, without a copy either way, so with the numpy loop the host's part is small and the Concat is most
+  of the cache's cost.
 - **matrix products with a weight**, by weight: a product kernel (`MATMUL_OPS`: MatMul, Gemm, FusedMatMul,
   MatMulNBits, DynamicQuantizeMatMul, MatMulInteger, QGemm, QLinearMatMul, ...) one of whose operands is a constant
   (an initializer, or computed from initializers only). The **lm_head** (`lm_head`) is the first such product met
