@@ -27,6 +27,7 @@ REGISTRY: dict[str, Entry] = {
         session_levels.ENABLED,
         session_options.THREADS_1,
         session_options.PARALLEL,
+        session_options.IO_BINDING,
         ort_optimizer.BASIC,
         fp16.ENTRY,
         ort_optimizer.EXTENDED,

@@ -38,6 +38,9 @@ class SessionConfig:
         execution_mode: "sequential" (ORT's default: one node at a time) or "parallel" (independent
             branches of the graph at once, on `inter_op_num_threads` threads).
         providers: execution providers, in priority order.
+        decode_io_binding: a decode-ready model generates through IO binding, its KV cache in buffers allocated
+            once (`tracker.measure.generation.binding`), not through numpy. It changes how the decode loop feeds the
+            session, not the session: it is recorded by the generation scenario (`gen.io_binding`), not here.
     """
 
     graph_optimization_level: str = "all"
@@ -45,6 +48,7 @@ class SessionConfig:
     inter_op_num_threads: int = 1
     execution_mode: str = "sequential"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    decode_io_binding: bool = False
 
     def __post_init__(self) -> None:
         if self.graph_optimization_level not in OPT_LEVELS:

@@ -15,6 +15,7 @@ from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output, save_proto
+from tracker.optimize.quantize.lm_head import lm_head_params
 from tracker.optimize.quantize.prepare import model_bytes, prepared
 
 # MatMulNBits' accuracy_level 4 computes with int8 activations (quantized per block inside the kernel)
@@ -125,6 +126,9 @@ class Int4(Entry):
         if padded:
             notes.append(f"{padded} of them have K not a multiple of {self.block_size}: their last block is "
                          "zero-padded")
+        lm_head = lm_head_params(quantized_model)
+        if lm_head:
+            notes.append(f"lm_head (the product that makes the logits) runs in {lm_head['quantization.lm_head']}")
         if not nbits:
             notes.append("nothing was quantized: the model runs as float, with ORT's basic optimizations")
         return Candidate(
@@ -138,6 +142,7 @@ class Int4(Entry):
                 "quantization.method": "weight_only",
                 "quantization.bits": "4",
                 "quantization.quantized_matmuls": str(len(nbits)),
+                **lm_head,
             },
         )
 

@@ -12,6 +12,7 @@ from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output
+from tracker.optimize.quantize.lm_head import lm_head_params
 from tracker.optimize.quantize.prepare import pre_process_for, prepared
 
 QUANTIZED_OPS = ("MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeMatMul")
@@ -80,7 +81,9 @@ class Int8Dynamic(Entry):
                 # default the quantizer fails ("Unable to find data type for weight_name=...").
                 extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
             )
-        quantized = count_ops(onnx.load_model(str(target), load_external_data=False), QUANTIZED_OPS)
+        graph = onnx.load_model(str(target), load_external_data=False)
+        quantized = count_ops(graph, QUANTIZED_OPS)
+        lm_head = lm_head_params(graph)
         matmuls = quantized["MatMulInteger"] + quantized["DynamicQuantizeMatMul"]
         notes = [
             f"quantize_dynamic applied to the graph {_PRE_PROCESSED[ready.how]}, not to the source graph",
@@ -92,6 +95,8 @@ class Int8Dynamic(Entry):
         if tied:
             notes.append(f"{tied} MatMul weight(s) the source reads through a Transpose (e.g. an lm_head tied to the "
                          f"embedding) are plain initializers after pre-processing, so they are quantized too")
+        if lm_head:
+            notes.append(f"lm_head (the product that makes the logits) runs in {lm_head['quantization.lm_head']}")
         return Candidate(
             path=target,
             applied=matmuls > 0,
@@ -103,6 +108,7 @@ class Int8Dynamic(Entry):
                 **ready.params,
                 "quantization.method": "dynamic",
                 "quantization.quantized_matmuls": str(matmuls),
+                **lm_head,
             },
         )
 

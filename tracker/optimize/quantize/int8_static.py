@@ -17,6 +17,7 @@ from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output
+from tracker.optimize.quantize.lm_head import lm_head_params
 from tracker.optimize.quantize.prepare import LARGE_MODEL_BYTES, model_bytes, prepared
 
 logger = logging.getLogger(__name__)
@@ -194,6 +195,7 @@ class Int8Static(Entry):
                 "quantization.method": "static",
                 "quantization.calibration_samples": str(len(samples)),
                 "quantization.quantized_nodes": str(quantized),
+                **lm_head_params(result),
             },
         )
 
