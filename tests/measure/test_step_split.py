@@ -148,7 +148,7 @@ def profile(walls_ms: list[float], *, slow_kernels: dict[int, float] | None = No
 def test_the_parts_add_up_to_the_step_and_the_host_time_is_wall_less_model_run():
     events, runs = profile([100.0, 7.0, 7.0, 7.0, 7.0])
     split = split_step(events, runs, [100.0, 7.0, 7.0, 7.0, 7.0], PARTS, skip_runs=1)
-    assert split.runs == 4
+    assert split.runs == 2  # the middle half of the 4 steps after the first
     assert split.step_ms == pytest.approx(7.0)
     assert (split.layer_matmuls_ms, split.lm_head_ms, split.attention_ms) == pytest.approx((1.0, 3.0, 0.5))
     assert split.kv_host_ms == pytest.approx(2.0) and split.kv_concat_ms == pytest.approx(0.2)
@@ -164,7 +164,15 @@ def test_steps_outside_the_middle_half_by_wall_time_are_left_out():
     events, runs = profile(walls, slow_kernels={5: 8.0})  # step 5 was slowed by another process
     split = split_step(events, runs, walls, PARTS, skip_runs=1)
     assert split.step_ms == pytest.approx(7.0) and split.lm_head_ms == pytest.approx(3.0)
-    assert split.runs == 4  # 7.0 x4 lie between the 25th (6.25) and the 75th (7.0) percentiles: 6 and 50 do not
+    assert split.runs == 4  # of the 6 steps kept, ranked by wall time, the 2nd to the 5th: 6 and 50 are left out
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_few_steps_still_give_a_split(steps):
+    walls = [9.0] + [7.0 + i for i in range(steps)]
+    events, runs = profile(walls)
+    split = split_step(events, runs, walls, PARTS)
+    assert split.runs == steps and split.lm_head_ms == pytest.approx(3.0)
 
 
 def test_wall_times_that_do_not_pair_with_the_runs_are_refused():

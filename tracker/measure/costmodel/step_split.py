@@ -238,7 +238,8 @@ def split_step(events: pd.DataFrame, runs: pd.DataFrame, wall_ms: Sequence[float
 
     Each step's time splits exactly (its kernels by part, `model_run` less its kernels, its wall time less
     `model_run`), so the means over any set of steps add up to their mean wall time. The middle half (the steps
-    from the 25th to the 75th percentile of wall time) keeps a step another process slowed from skewing the parts.
+    ranked from a quarter to three quarters by wall time, rounded outwards: at least one) keeps a step another
+    process slowed from skewing the parts.
 
     Args:
         events: the profile's kernel calls (`tracker.profile.columns.EVENT_COLUMNS`).
@@ -256,8 +257,9 @@ def split_step(events: pd.DataFrame, runs: pd.DataFrame, wall_ms: Sequence[float
     if kept_runs.empty:
         raise ValueError(f"skip_runs={skip_runs} leaves no step of {len(runs)}")
     all_wall = np.asarray(wall_ms, dtype=float)
-    low, high = np.percentile(all_wall[kept_runs[C.RUN].to_numpy()], [25, 75])
-    kept_runs = kept_runs[(all_wall[kept_runs[C.RUN].to_numpy()] >= low) & (all_wall[kept_runs[C.RUN].to_numpy()] <= high)]
+    order = np.argsort(all_wall[kept_runs[C.RUN].to_numpy()], kind="stable")
+    n = len(order)
+    kept_runs = kept_runs.iloc[np.sort(order[n // 4: -(-3 * n // 4)])]  # ranks n/4 to 3n/4, rounded outwards
     n = len(kept_runs)
     kept = aggregate.keep_runs(events, skip_runs=skip_runs)
     kept = kept[kept[C.RUN].isin(kept_runs[C.RUN])]
