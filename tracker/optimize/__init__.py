@@ -41,6 +41,11 @@ REGISTRY: dict[str, Entry] = {
     )
 }
 
+# Entries that change only how a decode loop runs the model (the forward pass is the source's): the generation scenario
+# runs them; a forward-only study or search leaves them out unless asked for by name.
+DECODE_LOOP_ONLY = (session_options.IO_BINDING.name,)
+FORWARD_ENTRIES = tuple(name for name in REGISTRY if name not in DECODE_LOOP_ONLY)
+
 
 def get_entry(name: str) -> Entry:
     """The entry `name` spells: a registered name, a variant `ENTRY:knob=value:knob=value`, or a chain of
@@ -103,5 +108,5 @@ def applicable(model: onnx.ModelProto, context: Context) -> dict[str, str | None
     return {name: entry.why_not(model, context) for name, entry in REGISTRY.items()}
 
 
-__all__ = ["KINDS", "REGISTRY", "Candidate", "Chain", "Context", "Entry", "EntryError", "ModelInfo", "applicable",
+__all__ = ["DECODE_LOOP_ONLY", "FORWARD_ENTRIES", "KINDS", "REGISTRY", "Candidate", "Chain", "Context", "Entry", "EntryError", "ModelInfo", "applicable",
            "apply", "get_entry", "parse_knob_value"]

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import onnx
 
-from tracker.optimize import REGISTRY, Context, Entry
+from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Context, Entry
 
 
 def expand(entry: Entry, *, limit: int | None = None, knobs: Mapping[str, tuple] | None = None) -> list[Entry]:
@@ -44,7 +44,7 @@ def candidates(
     it is enumerated once, and a variant equal to a registered entry keeps that entry's name. `knobs` narrows (or
     widens) an entry's space by knob, under the entry's registered name.
     """
-    chosen = [REGISTRY[n] for n in (entries if entries is not None else REGISTRY)]
+    chosen = [REGISTRY[n] for n in (entries if entries is not None else FORWARD_ENTRIES)]
     refused = {e.name: why for e in chosen if (why := e.why_not(model, context)) is not None}
     by_values = {(type(e), _values(e)): e for e in REGISTRY.values() if e.knobs()}
     found: dict[str, Entry] = {}

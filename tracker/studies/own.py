@@ -19,7 +19,7 @@ from tracker.measure.attempt import AttemptResult, MeasureConfig
 from tracker.measure.inputs.feed_files import load_feeds
 from tracker.measure.inputs.feeds import make_feeds
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.optimize import REGISTRY, Context, ModelInfo, applicable, get_entry
+from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
 from tracker.report.rows import pick_best
 from tracker.run.content import rows_from_results
@@ -131,7 +131,7 @@ def plan(config: OwnModelConfig) -> Plan:
     info = detection.info
     context = Context(info=info, feeds=feeds)
     reasons = applicable(model, context)
-    wanted = config.attempts if config.attempts is not None else tuple(REGISTRY)
+    wanted = config.attempts if config.attempts is not None else FORWARD_ENTRIES
     refused = {n: get_entry(n).why_not(model, context) for n in config.attempts or ()}
     refused = {n: why for n, why in refused.items() if why is not None}
     if refused:
@@ -143,7 +143,9 @@ def plan(config: OwnModelConfig) -> Plan:
     for name, reason in reasons.items():
         if name in run:
             continue
-        not_run[name] = "skipped (--skip)" if name in config.skip else reason or "not chosen (--attempts)"
+        not_run[name] = ("skipped (--skip)" if name in config.skip else reason
+                         or ("changes only a decode loop, which this study does not run" if name not in FORWARD_ENTRIES
+                             and config.attempts is None else "not chosen (--attempts)"))
     info_source = detection.source if info is not None else (detection.reason or "not read")
     return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run)
 
