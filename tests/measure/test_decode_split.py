@@ -79,8 +79,10 @@ def test_each_runtime_node_of_the_tiny_decoder_lands_in_its_part(tiny_gpt2_decod
     assert sum(parts[n.name] == Part.KV_IO for n in steps.graph.node) == 2 * tiny_gpt2_decoder.n_layer
     for op in ("FastGelu", "Gather"):
         assert by_op[op] == {Part.OTHER}
-    # every profiled kernel is a node of the runtime graph
+    # every profiled kernel is a node of the runtime graph, which is kept without its weights
     assert set(steps.profile.events["node_name"].astype(str)) <= set(parts)
+    assert (tmp_path / "ort_optimized_model.onnx").is_file()
+    assert not (tmp_path / "ort_optimized_model.weights.bin").exists()
 
 
 @pytest.mark.timing

@@ -73,7 +73,8 @@ class ProfiledSteps:
 def profile_steps(model: onnx.ModelProto | str | Path, config: SessionConfig, bind: BindStep, *, runs: int,
                   workdir: str | Path) -> ProfiledSteps:
     """Runs `runs` steps (`bind(session)`) in a session with profiling on, timing each, and reads back its profile
-    and its runtime graph (saved at session creation, its larger weights in a side file that is not read).
+    and its runtime graph (saved at session creation; its larger weights go to a side file, removed once the graph
+    is read).
 
     Raises:
         ModelError: ONNX Runtime refuses the model.
@@ -93,4 +94,6 @@ def profile_steps(model: onnx.ModelProto | str | Path, config: SessionConfig, bi
         raise ValueError(f"the profile holds {profile.run_count} model_run events for {runs} steps: a runner must "
                          "run the session exactly once per call")
     graph = onnx.load(str(optimized), load_external_data=False).graph
+    # Only the graph is read: its weights' side file (the model's size again, GBs for an LLM) goes at once.
+    optimized.with_suffix(".weights.bin").unlink(missing_ok=True)
     return ProfiledSteps(profile=profile, graph=graph, wall_ms=wall_ms, profile_path=profile_path)
