@@ -1,9 +1,10 @@
-"""Study `gpt2`: GPT-2 exported to ONNX, then every model transform of the registry as a nested run.
+"""Study `gpt2`: a causal LM exported to ONNX, then every model transform of the registry as a nested run.
 
 The study itself is `tracker.studies.gpt2`; this is its command line (MLproject entry point `gpt2`).
 
-Without `--model` the real gpt2-small architecture is built from its config with seeded weights
-(no model hub here); the runs are tagged `tracker.weights` so nobody mistakes them for pretrained.
+`--model` takes a local Hugging Face causal-LM folder: GPT-2, or a LLaMA-architecture model (llama, mistral, qwen2).
+Without it the real gpt2-small architecture is built from its config with seeded weights (no model hub here); the
+runs are tagged `tracker.weights` so nobody mistakes them for pretrained.
 """
 
 from __future__ import annotations
@@ -12,20 +13,24 @@ import argparse
 import functools
 import sys
 
+from tracker.base.errors import TrackerError
 from tracker.base.termination import handle_sigterm
 from tracker.experiment_args import add_measure_args, field_default, measure_config, session_config, setup_logging
+from tracker.gpt2.families import supported
 from tracker.measure.generation.generation import GenerationConfig
-from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, SCENARIOS, GPT2StudyConfig, run_gpt2_study
+from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, SCENARIOS, GPT2StudyConfig, check_study_inputs, run_gpt2_study
 
 
 def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     """Adds the study's options, each defaulting to its `GPT2StudyConfig` or `GenerationConfig` field ("" and "all"
     stand for None)."""
     study = functools.partial(field_default, GPT2StudyConfig)
-    parser.add_argument("--model", default="", help="local directory (or cached name) for from_pretrained")
+    parser.add_argument("--model", default="", help="a local Hugging Face causal-LM folder (or cached name): "
+                        f"{supported()}")
     parser.add_argument("--size", default=study("size"), choices=("small", "tiny"),
                         help="architecture built from a config")
-    parser.add_argument("--config-path", default="", help="a GPT2Config JSON file instead of --size")
+    parser.add_argument("--config-path", default="",
+                        help="a config JSON file instead of --size (GPT-2 unless its model_type names another family)")
     parser.add_argument("--exporter", default=study("exporter"), choices=("dynamo", "torchscript"))
     parser.add_argument("--seq-lens", default=_joined(study("seq_lens")), help="sequence lengths timed, comma-separated")
     parser.add_argument("--headline-seq", type=int, default=study("headline_seq"),
@@ -87,9 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     add_measure_args(parser)
     add_gpt2_args(parser)
     args = parser.parse_args(argv)
+    try:
+        config = gpt2_config(args)
+        check_study_inputs(config)  # a model or a length the study cannot run: one line, before any work
+    except (TrackerError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     setup_logging()
     handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143
-    study = run(args)
+    study = run_gpt2_study(config, experiment=args.experiment)
     for scenario, best in study.scenario_bests.items():
         print(f"gpt2: best attempt in the {scenario} scenario that passed its accuracy check: {best or 'none'}")
     return 0

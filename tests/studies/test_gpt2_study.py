@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -206,3 +207,73 @@ def test_the_command_line_chooses_scenarios_and_past_lengths():
     chosen = gpt2_config(parser.parse_args(["--scenarios", "generation,forward", "--gen-past-lens", "8,32"]))
     assert chosen.scenarios == ("forward", "generation")
     assert chosen.generation.decode_past_lens == (8, 32) and chosen.generation.speedup_past_len == 32
+
+
+# --- a LLaMA-family folder ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_study_runs_on_a_local_llama_folder_with_generation(tmp_path, monkeypatch):
+    from tests.gpt2.tiny_llama import save_tiny_llama
+    from tracker.studies.gpt2 import run_gpt2_study
+
+    folder = save_tiny_llama(tmp_path / "tiny-llama")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    # 4 profiled decode steps: the split's middle half of 3 kept steps is one step (of 2 it is none)
+    generation = dataclasses.replace(_generation_study().generation, roofline_runs=4)
+    config = _generation_study(model=str(folder), attempts=("int4_block32",), generation=generation)
+    run_gpt2_study(config, experiment="llama", workdir=tmp_path / "work")
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("llama")
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert set(runs) == {"gpt2", "baseline", "int4_block32"}
+    parent = runs["gpt2"].data
+    assert parent.params["lm.family"] == "llama" and parent.params["lm.kv_heads"] == "2"
+    assert parent.params["lm.source"] == f"local:{folder}" and parent.tags["tracker.weights"] == "pretrained"
+    baseline = runs["baseline"].data.metrics
+    assert baseline["export.torch_passed"] == 1.0 and baseline["export.decoder_torch_passed"] == 1.0
+    assert baseline["export.decoder_tokens_match"] == 1.0
+    int4 = runs["int4_block32"].data
+    assert runs["int4_block32"].info.status == "FINISHED", int4.tags.get("tracker.error")
+    assert "gen.error" not in int4.params, int4.params.get("gen.error")
+    for key in ("gen.decode.past32.p50_ms", "gen.decode.past32.speedup", "gen.tokens_per_s", "latency.p50_ms"):
+        assert int4.metrics[key] > 0, key
+
+
+@pytest.mark.parametrize(
+    ("case", "fragments"),
+    [
+        pytest.param("bert", ["holds a bert model (BertForMaskedLM)", "supported: gpt2", "llama"], id="bert-folder"),
+        pytest.param("no-config", ["no causal LM config is available offline", "config.json"], id="no-config"),
+        pytest.param("long-seq", ["the model has 256 positions", "seq_lens (8, 300)"], id="seq-longer-than-positions"),
+        pytest.param("long-past", ["the model has 256 positions", "the longest past plus one token"],
+                     id="past-longer-than-positions"),
+    ],
+)
+def test_the_command_line_refuses_a_model_it_cannot_run_in_one_line_before_any_work(tmp_path, monkeypatch, capsys,
+                                                                                    case, fragments):
+    from transformers import BertConfig
+
+    from experiments.gpt2 import main
+    from tests.gpt2.tiny_llama import save_tiny_llama
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    argv = ["--model", str(folder)]
+    if case == "bert":
+        BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                   architectures=["BertForMaskedLM"]).save_pretrained(folder)
+    elif case != "no-config":
+        save_tiny_llama(folder, weights=False)  # the config alone: the lengths are checked before any weight is read
+        argv += ["--seq-lens", "8,300", "--headline-seq", "8"] if case == "long-seq" else ["--scenarios", "forward,generation"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    code = main(argv)
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    for fragment in fragments:
+        assert fragment in lines[0]
+    assert not (tmp_path / "mlflow.db").exists()  # no store opened, no run started

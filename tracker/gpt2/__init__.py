@@ -1,1 +1,2 @@
-"""GPT-2 as a study subject: load or build it offline, make token inputs, export it to ONNX and verify the export."""
+"""Causal LMs as study subjects (GPT-2 and the LLaMA family): load a local folder or build one offline, make token
+inputs, export it to ONNX (forward, or ready to decode) and verify the export against PyTorch."""

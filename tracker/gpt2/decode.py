@@ -1,4 +1,4 @@
-"""Exporting GPT-2 ready to decode (past key/values in, present key/values out) and checking it against PyTorch over
+"""Exporting a causal LM (GPT-2 or LLaMA family) ready to decode (past key/values in, present key/values out) and checking it against PyTorch over
 a prompt and greedy steps."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tracker.gpt2.export import exported_graph
-from tracker.gpt2.model import LoadedGPT2
+from tracker.gpt2.model import LoadedLM
 from tracker.measure.generation.decoder import INPUT_IDS, LOGITS, DecoderSession, past_names, present_name
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 
@@ -30,6 +30,8 @@ class DecoderExport:
     """A decode-ready ONNX file and how it was made.
 
     Attributes:
+        num_heads: attention (query) heads per layer.
+        kv_heads: heads of the past and present key/values: fewer than `num_heads` with grouped-query attention.
         max_positions: the model's position table: a prompt plus everything generated must fit in it.
     """
 
@@ -38,6 +40,7 @@ class DecoderExport:
     seconds: float
     n_layer: int
     num_heads: int
+    kv_heads: int
     head_dim: int
     max_positions: int
     input_names: tuple[str, ...]
@@ -71,7 +74,7 @@ class DecoderCheck:
 
 
 def export_decoder(
-    loaded: LoadedGPT2,
+    loaded: LoadedLM,
     path: str | Path,
     *,
     opset: int = DECODE_OPSET,
@@ -81,7 +84,8 @@ def export_decoder(
     """Exports `loaded.model` ready to decode, with the dynamo exporter.
 
     Inputs: `input_ids` int64 [batch, seq] and `past_key_values.{i}.key/value` float [batch, heads, past, head_dim]
-    per layer; outputs: `logits` [batch, seq, vocab] and `present.{i}.key/value` [batch, heads, past + seq, head_dim].
+    per layer; outputs: `logits` [batch, seq, vocab] and `present.{i}.key/value` [batch, heads, past + seq, head_dim]
+    (heads: the model's key/value heads, `loaded.kv_heads`).
     Batch, seq and past are dynamic; a past of length 0 is the prompt pass. Positions (past .. past + seq - 1) and
     the all-ones attention mask are made inside the graph, so rows must be unpadded and of one length.
 
@@ -95,7 +99,7 @@ def export_decoder(
     Raises:
         ValueError: an example length < 2, or the two together longer than the model's positions.
     """
-    n_positions = loaded.config.n_positions
+    n_positions = loaded.max_positions
     if min(example_seq_len, example_past_len) < 2 or example_seq_len + example_past_len > n_positions:
         raise ValueError(f"example lengths must be >= 2 and fit in {n_positions} positions together, got seq "
                          f"{example_seq_len} and past {example_past_len}")
@@ -103,9 +107,7 @@ def export_decoder(
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    config = loaded.config
-    n_layer, heads = config.n_layer, config.n_head
-    head_dim = config.n_embd // heads
+    n_layer, heads, head_dim = loaded.n_layer, loaded.kv_heads, loaded.head_dim
     inputs = (INPUT_IDS, *past_names(n_layer))
     outputs = (LOGITS, *(present_name(p) for p in past_names(n_layer)))
     generator = torch.Generator().manual_seed(0)
@@ -115,7 +117,7 @@ def export_decoder(
     seq = torch.export.Dim("seq", max=n_positions)
     past = torch.export.Dim("past", min=0, max=n_positions - 1)
     dynamic_shapes = {"input_ids": {0: batch, 1: seq}, "past": [{0: batch, 2: past}] * (2 * n_layer)}
-    logger.info("exporting gpt2 (%s) ready to decode, opset %d, to %s...", loaded.source, opset, path)
+    logger.info("exporting %s (%s) ready to decode, opset %d, to %s...", loaded.family, loaded.source, opset, path)
     start = time.perf_counter()
     with torch.no_grad(), warnings.catch_warnings():
         # Expected: the batch and past dims of every past input are one dim each, which the exporter says once per
@@ -135,13 +137,13 @@ def export_decoder(
         assert program is not None  # dynamo=True returns the program
         program.save(path, external_data=False)
     seconds = time.perf_counter() - start
-    result = DecoderExport(path=path, opset=opset, seconds=seconds, n_layer=n_layer, num_heads=heads,
-                           head_dim=head_dim, max_positions=n_positions, **exported_graph(path))
+    result = DecoderExport(path=path, opset=opset, seconds=seconds, n_layer=n_layer, num_heads=loaded.num_heads,
+                           kv_heads=heads, head_dim=head_dim, max_positions=n_positions, **exported_graph(path))
     logger.info("done in %.1f s: %d nodes, %.1f MB", seconds, result.node_count, path.stat().st_size / 1e6)
     return result
 
 
-def torch_greedy(loaded: LoadedGPT2, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, list[np.ndarray]]:
+def torch_greedy(loaded: LoadedLM, prompt: np.ndarray, steps: int) -> tuple[np.ndarray, list[np.ndarray]]:
     """PyTorch's own greedy decoding with its own cache (transformers' DynamicCache): the tokens [batch, steps] and
     the next-token logits [batch, vocab] of every step."""
     import torch
@@ -164,7 +166,7 @@ def torch_greedy(loaded: LoadedGPT2, prompt: np.ndarray, steps: int) -> tuple[np
 
 
 def verify_decoder(
-    loaded: LoadedGPT2,
+    loaded: LoadedLM,
     onnx_path: str | Path,
     prompt: np.ndarray,
     *,
@@ -191,9 +193,9 @@ def verify_decoder(
         ModelError: ONNX Runtime refuses the file.
     """
     prompt = np.asarray(prompt)
-    if prompt.shape[-1] + steps > loaded.config.n_positions:
+    if prompt.shape[-1] + steps > loaded.max_positions:
         raise ValueError(f"a prompt of {prompt.shape[-1]} and {steps} steps exceed the model's "
-                         f"{loaded.config.n_positions} positions")
+                         f"{loaded.max_positions} positions")
     torch_tokens, torch_logits = torch_greedy(loaded, prompt, steps)
     decoder = DecoderSession.open(onnx_path, session or SessionConfig())
     onnx_logits = decoder.forced_logits(prompt, torch_tokens)

@@ -1,4 +1,5 @@
-"""Exporting GPT-2 to ONNX (logits only, dynamic batch and sequence) and checking the export against PyTorch."""
+"""Exporting a causal LM (GPT-2 or LLaMA family) to ONNX (logits only, dynamic batch and sequence) and checking the
+export against PyTorch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import TypedDict
 import numpy as np
 import onnx
 
-from tracker.gpt2.model import LoadedGPT2
+from tracker.gpt2.model import LoadedLM
 from tracker.gpt2.tokens import feeds_for
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
 
@@ -50,7 +51,7 @@ class ExportCheck:
 
 
 def export_gpt2(
-    loaded: LoadedGPT2,
+    loaded: LoadedLM,
     path: str | Path,
     *,
     exporter: str = "dynamo",
@@ -70,11 +71,11 @@ def export_gpt2(
         example_seq_len: sequence length of the example input traced through the model.
 
     Raises:
-        ValueError: unknown exporter, or example_seq_len outside [2, n_positions].
+        ValueError: unknown exporter, or example_seq_len outside [2, max_positions].
     """
     if exporter not in EXPORTERS:
         raise ValueError(f"exporter must be one of {EXPORTERS}, got {exporter!r}")
-    n_positions = loaded.config.n_positions
+    n_positions = loaded.max_positions
     if not 2 <= example_seq_len <= n_positions:
         # A size-1 example dim would be specialized to 1 by torch.export.
         raise ValueError(f"example_seq_len must be in [2, {n_positions}], got {example_seq_len}")
@@ -86,7 +87,7 @@ def export_gpt2(
     wrapper = _logits_only(loaded.model)
     generator = torch.Generator().manual_seed(0)
     example = torch.randint(0, loaded.vocab_size, (2, example_seq_len), generator=generator, dtype=torch.int64)
-    logger.info("exporting gpt2 (%s) with %s, opset %d, to %s...", loaded.source, exporter, opset, path)
+    logger.info("exporting %s (%s) with %s, opset %d, to %s...", loaded.family, loaded.source, exporter, opset, path)
     start = time.perf_counter()
     with torch.no_grad(), warnings.catch_warnings():
         # Expected: transformers' Python-side shape checks are traced as constants; the dynamic-shape
@@ -148,7 +149,7 @@ def exported_graph(path: Path) -> ExportedGraph:
 
 
 def verify_export(
-    loaded: LoadedGPT2, onnx_path: str | Path, tokens: np.ndarray, *, atol: float = LOGITS_ATOL
+    loaded: LoadedLM, onnx_path: str | Path, tokens: np.ndarray, *, atol: float = LOGITS_ATOL
 ) -> ExportCheck:
     """Runs ORT and PyTorch on `tokens` and compares the logits; a mismatch is data, not an exception.
 

@@ -1,15 +1,16 @@
-"""Loading GPT-2 offline: local pretrained weights, or a known architecture with seeded weights."""
+"""Loading a causal LM offline (GPT-2 or LLaMA family): a local folder, or an architecture with seeded weights."""
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tracker.base.errors import ModelError
+from tracker.gpt2.families import check_family, config_from_json, lm_shape, read_config
 
 if TYPE_CHECKING:
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -54,50 +55,63 @@ PARAM_NOISE_STD = 0.02
 
 
 @dataclass(frozen=True)
-class LoadedGPT2:
-    """A GPT-2 LM in eval mode and where it came from.
+class LoadedLM:
+    """A causal LM (GPT-2 or LLaMA family) in eval mode, where it came from and its shape.
 
     Attributes:
-        model: the `transformers.GPT2LMHeadModel`, in eval mode, float32.
-        config: its `GPT2Config`.
+        model: the transformers model (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...), in eval mode, float32.
+        config: its config.
+        family: its `model_type`, one of `families.FAMILIES`.
         pretrained: True when the weights were loaded with `from_pretrained`, False when seeded.
         source: "local:<path or cached name>", "config:<size>" or "config-file:<path>".
+        n_layer, kv_heads, head_dim: the KV cache's shape: per layer a key and a value [batch, kv_heads, past,
+            head_dim]; `kv_heads` < `num_heads` with grouped-query attention.
         num_heads: attention heads per layer (what ORT's optimizer calls num_heads).
         hidden_size: embedding width (n_embd).
+        max_positions: the longest sequence the model holds (a prompt plus everything generated).
         vocab_size: vocabulary size; token ids must lie in [0, vocab_size).
-        params: what to log as MLflow params (dotted `gpt2.*` keys, string values).
+        params: what to log as MLflow params (`gpt2.*` keys for GPT-2, `lm.*` for the others, and `lm.family`; string
+            values).
     """
 
-    model: GPT2LMHeadModel
-    config: GPT2Config
+    model: PreTrainedModel
+    config: PretrainedConfig
+    family: str
     pretrained: bool
     source: str
+    n_layer: int
     num_heads: int
+    kv_heads: int
+    head_dim: int
     hidden_size: int
+    max_positions: int
     vocab_size: int
     params: dict[str, str]
 
 
-def load_gpt2(
+# The name from before LLaMA-family models were loaded too.
+LoadedGPT2 = LoadedLM
+
+
+def load_lm(
     *, model: str | None = None, size: str = "small", config_path: str | None = None, seed: int = 0
-) -> LoadedGPT2:
-    """Loads local GPT-2 weights, or builds a GPT-2 with seeded weights that look trained.
+) -> LoadedLM:
+    """Loads a local causal LM (GPT-2 or LLaMA family), or builds one with seeded weights that look trained.
 
     Args:
-        model: a local directory written by `save_pretrained`, or a name already in the Hugging Face
-            cache. Nothing is downloaded. When None, a model is built from `config_path` or `size`.
-        size: one of SIZES, used when neither `model` nor `config_path` is given.
-        config_path: a GPT2Config JSON file to build the model from.
+        model: a local folder written by `save_pretrained`, or a name already in the Hugging Face cache; its
+            `config.json` must name one of `families.FAMILIES`. Nothing is downloaded. When None, a model is built
+            from `config_path` or `size`.
+        size: one of SIZES (GPT-2), used when neither `model` nor `config_path` is given.
+        config_path: a config JSON file to build the model from (its `model_type`, GPT-2 when it names none).
         seed: seeds the weights of a built model (ignored for pretrained weights).
 
     Raises:
         ValueError: unknown size, or both `model` and `config_path` given.
-        ModelError: `model` is not available offline.
+        ModelError: `model` is not available offline, or is not a causal LM of a supported family (the message
+            names its architecture and the supported ones).
     """
-    if size not in SIZES:
-        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
-    if model is not None and config_path is not None:
-        raise ValueError(f"give either model ({model!r}) or config_path ({config_path!r}), not both")
+    _check_source(model=model, size=size, config_path=config_path)
     if model is not None:
         lm = _from_pretrained(model)
         source, pretrained = f"local:{model}", True
@@ -107,76 +121,109 @@ def load_gpt2(
         pretrained = False
     lm.eval()
     config = lm.config
-    params = {
-        "gpt2.size": _size_name(config),
-        "gpt2.pretrained": str(pretrained).lower(),
-        "gpt2.source": source,
-        "gpt2.seed": "none" if pretrained else str(seed),
-        "gpt2.n_layer": str(config.n_layer),
-        "gpt2.n_head": str(config.n_head),
-        "gpt2.n_embd": str(config.n_embd),
-        "gpt2.vocab_size": str(config.vocab_size),
-        "gpt2.n_positions": str(config.n_positions),
-        "gpt2.num_parameters": str(sum(p.numel() for p in lm.parameters())),
-        "gpt2.attn_implementation": str(config._attn_implementation),
-    }
-    logger.info("gpt2 loaded from %s: %s layers, %s parameters", source, config.n_layer, params["gpt2.num_parameters"])
-    return LoadedGPT2(
-        model=lm,
-        config=config,
-        pretrained=pretrained,
-        source=source,
-        num_heads=config.n_head,
-        hidden_size=config.n_embd,
-        vocab_size=config.vocab_size,
-        params=params,
-    )
-
-
-def _from_pretrained(name: str) -> GPT2LMHeadModel:
-    import torch
-    from transformers import GPT2LMHeadModel
-
-    try:
-        return GPT2LMHeadModel.from_pretrained(
-            name, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
-        )
-    except OSError as e:  # transformers' "not found / not cached / no weights file" is an OSError
-        raise ModelError(
-            f"no GPT-2 weights are available offline for {name!r} (no model hub here: it must be a local "
-            f"directory written by save_pretrained, or a name already in the Hugging Face cache); pass a "
-            f"local directory, or omit --model to build the architecture with seeded weights ({e})"
-        ) from e
-
-
-def _from_config(*, size: str, config_path: str | None, seed: int) -> GPT2LMHeadModel:
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    if config_path is not None:
-        try:
-            config = GPT2Config.from_json_file(config_path)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read a GPT2Config JSON from {config_path!r}: {e}") from e
+    shape = lm_shape(config)
+    num_parameters = str(sum(p.numel() for p in lm.parameters()))
+    seed_param = "none" if pretrained else str(seed)
+    if shape.family == "gpt2":
+        params = {
+            "gpt2.size": _size_name(config),
+            "gpt2.pretrained": str(pretrained).lower(),
+            "gpt2.source": source,
+            "gpt2.seed": seed_param,
+            "gpt2.n_layer": str(config.n_layer),
+            "gpt2.n_head": str(config.n_head),
+            "gpt2.n_embd": str(config.n_embd),
+            "gpt2.vocab_size": str(config.vocab_size),
+            "gpt2.n_positions": str(config.n_positions),
+            "gpt2.num_parameters": num_parameters,
+            "gpt2.attn_implementation": str(config._attn_implementation),
+        }
     else:
-        config = GPT2Config(**SIZES[size])
+        params = {"lm.pretrained": str(pretrained).lower(), "lm.source": source, "lm.seed": seed_param,
+                  **{f"lm.{k}": str(v) for k, v in asdict(shape).items() if k != "family"},
+                  "lm.num_parameters": num_parameters,
+                  "lm.attn_implementation": str(config._attn_implementation)}
+    params["lm.family"] = shape.family
+    logger.info("%s loaded from %s: %s layers, %s parameters", shape.family, source, shape.n_layer, num_parameters)
+    return LoadedLM(model=lm, config=config, pretrained=pretrained, source=source, params=params, **asdict(shape))
+
+
+# The name from before LLaMA-family models were loaded too; it loads them as well.
+load_gpt2 = load_lm
+
+
+def lm_config(*, model: str | None = None, size: str = "small", config_path: str | None = None) -> PretrainedConfig:
+    """The config `load_lm` would load or build from the same arguments, read without any weights: what a caller
+    checks (architecture, positions) before any work.
+
+    Raises:
+        ValueError, ModelError: as `load_lm`.
+    """
+    from transformers import GPT2Config
+
+    _check_source(model=model, size=size, config_path=config_path)
+    if model is not None:
+        return read_config(model)
+    return config_from_json(config_path) if config_path is not None else GPT2Config(**SIZES[size])
+
+
+def seeded_lm(config: PretrainedConfig, *, seed: int = 0) -> PreTrainedModel:
+    """A causal LM of `config`'s architecture (one of `families.FAMILIES`) with seeded weights that look trained:
+    norms and biases get seeded noise, as trained ones have. The caller's global torch RNG is left as it was.
+
+    Raises:
+        ModelError: `config` is not of a supported family.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    check_family(config, where="the config")
     config._attn_implementation = ATTN_IMPLEMENTATION
     # fork_rng: seeding the init must not reseed the caller's global torch RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        lm = GPT2LMHeadModel(config)
+        lm = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
     _perturb_bias_and_norm(lm, seed=seed)
-    return lm
+    return lm.eval()
+
+
+def _check_source(*, model: str | None, size: str, config_path: str | None) -> None:
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    if model is not None and config_path is not None:
+        raise ValueError(f"give either model ({model!r}) or config_path ({config_path!r}), not both")
+
+
+def _from_pretrained(name: str) -> PreTrainedModel:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    read_config(name)  # the architecture is checked before any weight is read
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            name, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
+        )
+    except OSError as e:  # transformers' "not found / not cached / no weights file" is an OSError
+        raise ModelError(
+            f"no weights are available offline for {name!r} (no model hub here: it must be a local "
+            f"directory written by save_pretrained, or a name already in the Hugging Face cache); pass a "
+            f"local directory, or omit --model to build GPT-2 with seeded weights ({e})"
+        ) from e
+
+
+def _from_config(*, size: str, config_path: str | None, seed: int) -> PreTrainedModel:
+    return seeded_lm(lm_config(size=size, config_path=config_path), seed=seed)
 
 
 def _perturb_bias_and_norm(lm: Any, *, seed: int) -> None:
-    """Gives every bias and LayerNorm parameter seeded noise, as trained weights have."""
+    """Gives every bias and norm (LayerNorm, RMSNorm) parameter seeded noise, as trained weights have."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in lm.modules():
-            is_norm = isinstance(module, torch.nn.LayerNorm)
+            # transformers' RMSNorms are classes of each model (LlamaRMSNorm, ...), not one torch class
+            is_norm = isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("RMSNorm")
             for name, param in module.named_parameters(recurse=False):
                 noise = torch.randn(param.shape, generator=generator) * PARAM_NOISE_STD
                 if is_norm and name == "weight":
@@ -185,7 +232,7 @@ def _perturb_bias_and_norm(lm: Any, *, seed: int) -> None:
                     param.copy_(noise)
 
 
-def _size_name(config: GPT2Config) -> str:
+def _size_name(config: PretrainedConfig) -> str:
     """The SIZES entry whose architecture `config` has, or "custom"."""
     for name, kwargs in SIZES.items():
         if all(getattr(config, key) == value for key, value in kwargs.items() if not key.endswith("token_id")):

@@ -1,5 +1,6 @@
-"""Study `gpt2`: export GPT-2 once, then every model transform of the registry as a nested attempt run; with the
-`generation` scenario, each attempt's entry is also applied to a decode-ready export and its generation measured."""
+"""Study `gpt2`: export a causal LM once (GPT-2, or a local LLaMA-family folder), then every model transform of the
+registry as a nested attempt run; with the `generation` scenario, each attempt's entry is also applied to a decode-ready
+export and its generation measured."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.base.keys import TAG_WEIGHTS
@@ -18,6 +20,9 @@ from tracker.measure.generation.generation import GenerationConfig
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import REGISTRY, ModelInfo
 from tracker.store import connect
+
+if TYPE_CHECKING:
+    from tracker.gpt2.families import LMShape
 
 logger = logging.getLogger(__name__)
 
@@ -35,9 +40,10 @@ class GPT2StudyConfig:
     """What the GPT-2 study exports, which attempts it runs and how it measures them.
 
     Attributes:
-        model: a local directory (or cached name) for `from_pretrained`; None builds from `size`.
+        model: a local Hugging Face causal-LM folder (or cached name) for `from_pretrained`: GPT-2 or a LLaMA-family
+            architecture (`tracker.gpt2.families.FAMILIES`); None builds GPT-2 from `size`.
         size: "small" (the real gpt2-small architecture) or "tiny" (for tests).
-        config_path: a GPT2Config JSON file, instead of `size`.
+        config_path: a config JSON file (GPT-2's, unless its `model_type` names another family), instead of `size`.
         exporter: "dynamo" or "torchscript".
         seq_lens: sequence lengths timed (profiling off) for every attempt.
         headline_seq: the length that is profiled, checked against the baseline and headlined.
@@ -83,18 +89,43 @@ class GPT2StudyConfig:
         return self.attempts if self.attempts is not None else DEFAULT_ATTEMPTS
 
 
+def check_study_inputs(config: GPT2StudyConfig) -> LMShape:
+    """The shape of the model the study would load, read from its config alone (no weights), after checking that
+    every length the study runs fits in the model's positions: the bad input a study refuses before any work.
+
+    Raises:
+        ModelError: the model is not available offline, or is not a causal LM of a supported family (the message
+            names its architecture and the supported ones).
+        ValueError: a sequence length, prompt or past plus its new tokens longer than the model's positions.
+    """
+    from tracker.gpt2.families import lm_shape
+    from tracker.gpt2.model import lm_config
+
+    shape = lm_shape(lm_config(model=config.model, size=config.size, config_path=config.config_path))
+    if max(config.seq_lens) > shape.max_positions:
+        raise ValueError(f"the model has {shape.max_positions} positions; seq_lens {config.seq_lens} are longer")
+    if "generation" in config.scenarios:
+        config.generation.check_positions(shape.max_positions)
+    return shape
+
+
 def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None) -> Study:
-    """Exports GPT-2, checks ONNX Runtime against PyTorch, and logs the baseline and every attempt.
+    """Exports the model (GPT-2 or a LLaMA-family folder), checks ONNX Runtime against PyTorch, and logs the baseline
+    and every attempt.
 
     Each attempt may fail (the optimizer raises, ORT refuses the result): its run is marked FAILED
     with the error and the study goes on. In the generation scenario, an entry that does not apply to the
     decode-ready export, or fails on it, leaves the reason in the attempt's param `gen.error`.
+
+    Raises:
+        ModelError, ValueError: as `check_study_inputs`, before anything is loaded or exported.
     """
     from tracker.gpt2.decode import export_decoder, verify_decoder
     from tracker.gpt2.export import export_gpt2, verify_export
-    from tracker.gpt2.model import load_gpt2
+    from tracker.gpt2.model import load_lm
     from tracker.gpt2.tokens import feeds_for, make_tokens
 
+    check_study_inputs(config)  # before anything is exported: a model or a length it cannot run is the caller's error
     connect.setup_tracking()  # an unreachable server is an error now, not after the export
     steps = StepTimes()
     generation = "generation" in config.scenarios
@@ -103,9 +134,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         work.mkdir(parents=True, exist_ok=True)
         logger.info("gpt2: loading the model (%s)", config.model or config.config_path or config.size)
         with steps.step("load"):
-            loaded = load_gpt2(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
-        if generation:  # before exporting anything: a length the model cannot hold is the caller's error
-            config.generation.check_positions(loaded.config.n_positions)
+            loaded = load_lm(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
         logger.info("gpt2: exporting with the %s exporter", config.exporter)
         with steps.step("export"):
             exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
@@ -125,7 +154,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             logger.info("gpt2: exporting ready to decode, and checking it over 16 greedy steps")
             with steps.step("export"):
                 decoder = export_decoder(loaded, work / "baseline" / "decoder.onnx")
-                prompt = tokens[config.headline_seq][:, : loaded.config.n_positions - 16]
+                prompt = tokens[config.headline_seq][:, : loaded.max_positions - 16]
                 decode_check = verify_decoder(loaded, decoder.path, prompt, steps=16)
             baseline_metrics.update({"export.decoder_seconds": decoder.seconds,
                                      "export.decoder_torch_max_abs": decode_check.max_abs,
@@ -135,6 +164,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         feeds = {n: feeds_for(t, exported.input_names) for n, t in tokens.items()}
         info = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size)
         weights = "pretrained" if loaded.pretrained else "random (seeded), not pretrained"
+        title = "GPT-2" if loaded.family == "gpt2" else type(loaded.model).__name__
         params = {
             **loaded.params,
             "export.exporter": exported.exporter,
@@ -156,7 +186,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         with Study("gpt2", feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
                    params=params, setup=setup) as study:
             study.attempt("baseline", exported.path, session=config.session, tolerance=LOGITS_FP32,
-                          description=f"GPT-2 exported with the {exported.exporter} exporter ({weights})",
+                          description=f"{title} exported with the {exported.exporter} exporter ({weights})",
                           metrics=baseline_metrics, params=baseline_params)
             for name in config.attempt_names:
                 study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES)
