@@ -71,7 +71,7 @@ class GenerationScenario:
         self.baseline = result
         own = result.generation
         return GenerationFigures({**result.metrics(), **compare_generations(own, own, along=own.step_logits).metrics()},
-                                 {}, dict(result.rooflines))
+                                 {"gen.io_binding": str(result.io_binding)}, dict(result.rooflines))
 
     def measure_entry(self, entry: Entry, *, machine: MachinePeaks | None, workdir: Path,
                       graph_of: Callable[[Path], onnx.ModelProto]) -> GenerationFigures:
@@ -83,7 +83,8 @@ class GenerationScenario:
             candidate = entry(self.decoder, workdir, Context(info=self.info), graph=graph_of(self.decoder))
             logger.info("generation: measuring %s's", entry.name)
             result = measure_generation(candidate.path, session=candidate.session_on(self.session),
-                                        config=self.config, baseline=self.decoder, speedup=self.speedup,
+                                        config=self.config, baseline=self.decoder, baseline_session=self.session,
+                                        speedup=self.speedup,
                                         reference=self.baseline.generation, machine=machine,
                                         workdir=workdir / "profiles")
             diff = compare_generations(self.baseline.generation, result.generation, along=result.along_reference,
@@ -96,5 +97,6 @@ class GenerationScenario:
             return GenerationFigures(params={"gen.error": f"{type(e).__name__}: {e}"[:500]})
         metrics = {**result.metrics(), **diff.metrics()}
         metrics.update({f"gen.fusion.{op}": float(n) for op, n in candidate.fusions.items()})
-        return GenerationFigures(metrics, {"gen.applied": str(candidate.applied), **diff.params()},
+        return GenerationFigures(metrics, {"gen.applied": str(candidate.applied), "gen.io_binding": str(result.io_binding),
+                                           **diff.params()},
                                  dict(result.rooflines))

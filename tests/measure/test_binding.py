@@ -64,3 +64,32 @@ def test_a_step_past_the_buffers_capacity_is_refused_before_it_runs(tiny_gpt2_de
         bound.step(make_tokens(batch=1, seq_len=3, vocab_size=VOCAB, seed=1))
     with pytest.raises(ValueError, match="batch 1"):
         bound.step(make_tokens(batch=2, seq_len=1, vocab_size=VOCAB, seed=1))
+
+
+def test_the_generation_scenario_decodes_through_io_binding_when_the_session_says_so(tiny_gpt2_decoder):
+    from dataclasses import replace
+
+    from tracker.measure.generation.generation import GenerationConfig, measure_generation
+    from tracker.measure.timing.latency import TimingConfig
+    from tracker.measure.timing.speedup import SpeedupConfig
+
+    config = GenerationConfig(prefill_lens=(8,), decode_past_lens=(32,), prompt_len=4, new_tokens=8,
+                              generation_runs=1, speedup_past_len=32, speedup_prefill_len=None, roofline_runs=3,
+                              timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0))
+    quick = SpeedupConfig(rounds=4, max_rounds=4, seconds=0.0, round_seconds=0.0, min_pairs=3, block_ms=2.0)
+    path = tiny_gpt2_decoder.path
+    plain = measure_generation(path, session=SessionConfig(), config=config)
+    bound = measure_generation(path, session=replace(SessionConfig(), decode_io_binding=True), config=config,
+                               baseline=path, speedup=quick, reference=plain.generation)
+    assert bound.io_binding and not plain.io_binding
+    np.testing.assert_array_equal(bound.generation.tokens, plain.generation.tokens)
+    for mine, theirs in zip(bound.along_reference, plain.generation.step_logits, strict=True):
+        np.testing.assert_array_equal(mine, theirs)
+    metrics = bound.metrics()
+    prefix = "gen.decode.past32."
+    # the tokens per second a user quotes and the verdict's interval are one measurement
+    assert metrics[prefix + "tokens_per_s"] == pytest.approx(
+        metrics[prefix + "baseline_tokens_per_s"] * metrics[prefix + "speedup"])
+    assert metrics[prefix + "tokens_per_s_ci_low"] <= metrics[prefix + "tokens_per_s"] <= \
+        metrics[prefix + "tokens_per_s_ci_high"]
+    assert bound.decode_split is not None  # the profiled steps ran through the binding, one run per step

@@ -11,6 +11,7 @@ kernels; the graph's own copy of the past into the present (its Concat) remains.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,6 +125,27 @@ class BoundDecoder:
 
         return run
 
+    def feeds_runner(self, feeds: Mapping[str, np.ndarray]):
+        """The step `feeds` describe (`DecoderSession.phase_feeds`: tokens after a past given as arrays) as the decode
+        loop runs it through IO binding: the past is copied once into the buffers, then each call binds the step and
+        runs it, as `step_runner` does, without running a prompt pass of its own."""
+        self.reset()
+        d = self.decoder
+        past = {name: np.asarray(feeds[name]) for name in d.past_names}
+        past_len = next(iter(past.values())).shape[2]
+        if past_len > self.capacity:
+            raise ValueError(f"a past of {past_len} exceeds the buffers' capacity {self.capacity}")
+        for name, value in past.items():
+            self._buffers.past[name][self._side][: value.size] = value.astype(d.dtype, copy=False).ravel()
+        self._past_len = past_len
+        new = check_tokens(np.asarray(feeds[INPUT_IDS]))
+
+        def run() -> np.ndarray:
+            self.bind(new)
+            return self.run_bound()
+
+        return run
+
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> Generation:
         """Generates `new_tokens` tokens after `prompt` [batch, seq], each the argmax of its step's logits (as
         `DecoderSession.greedy`)."""
@@ -150,6 +172,18 @@ class BoundDecoder:
         for i in range(continuation.shape[1] - 1):
             result.append(self.step(continuation[:, i : i + 1])[:, -1, :].copy())
         return result
+
+
+def loop_step(decoder: DecoderSession, feeds: Mapping[str, np.ndarray], *, io_binding: bool) -> Callable[[], object]:
+    """One step (`feeds`: tokens after a past) as the decode loop runs it: `session.run` on numpy arrays, or through IO
+    binding with the KV cache in buffers allocated once (`BoundDecoder.feeds_runner`)."""
+    if not io_binding:
+        feeds = dict(feeds)
+        return lambda: decoder.session.run(None, feeds)
+    tokens = np.asarray(feeds[INPUT_IDS])
+    past_len = np.asarray(feeds[decoder.past_names[0]]).shape[2]
+    bound = BoundDecoder(decoder, batch=tokens.shape[0], capacity=past_len + tokens.shape[1])
+    return bound.feeds_runner(feeds)
 
 
 def _vocab(decoder: DecoderSession) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,12 +18,14 @@ import onnx
 from tracker.base.vocabulary import GENERATION_PHASES, Phase
 from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.costmodel.step_split import StepSplit
-from tracker.measure.generation.decode_split import numpy_step, profile_steps
+from tracker.measure.generation.binding import BoundDecoder, loop_step
+from tracker.measure.generation.decode_split import profile_steps
 from tracker.measure.generation.decoder import LOGITS, DecoderSession, Generation
+from tracker.measure.generation.phase_timing import PhaseTiming, time_phase
 from tracker.measure.runtimes.ort_runtime import SessionConfig, profile_ort
 from tracker.measure.schema import Scope, phase_prefix, speedup_metrics
 from tracker.measure.timing.latency import Latency, TimingConfig, time_runs
-from tracker.measure.timing.speedup import Runner, Speedup, SpeedupConfig, measure_speedup
+from tracker.measure.timing.speedup import Speedup, SpeedupConfig
 from tracker.profile.parse import parse_profile
 
 if TYPE_CHECKING:
@@ -135,6 +137,8 @@ class GenerationResult:
         rooflines: by phase, the phase's profiled kernels at its length against the machine's roofs.
         decode_split: where the decode step's time goes at its length (`phase_lens`), from the decode phase's
             profiled steps; None without a roofline.
+        phase_timings: by phase, the tokens per second of the interleaved timing that gave its speed-up.
+        io_binding: the decode loop ran through IO binding (`binding.BoundDecoder`), not numpy.
         along_reference: the next-token logits [batch, vocab] of each step when the reference's tokens are fed
             (the reference's prompt, then its generated tokens one at a time), or None without a reference.
     """
@@ -149,6 +153,8 @@ class GenerationResult:
     speedups: Mapping[str, Speedup] = field(default_factory=dict)
     rooflines: Mapping[str, Roofline] = field(default_factory=dict)
     decode_split: StepSplit | None = None
+    phase_timings: Mapping[str, PhaseTiming] = field(default_factory=dict)
+    io_binding: bool = False
     along_reference: tuple[np.ndarray, ...] | None = None
 
     def metrics(self) -> dict[str, float]:
@@ -161,6 +167,8 @@ class GenerationResult:
                         "gen.decode_tokens_per_s": self.decode_tokens_per_s})
         for phase, speedup in self.speedups.items():
             metrics.update(speedup_metrics(speedup, Scope(Phase(phase), self.phase_lens[phase])))
+        for phase, timing in self.phase_timings.items():
+            metrics.update(timing.metrics(phase_prefix(phase, self.phase_lens[phase])))
         for phase, roofline in self.rooflines.items():
             prefix = phase_prefix(phase, self.phase_lens[phase])
             metrics.update({prefix + key: value for key, value in roofline.metrics().items()})
@@ -177,6 +185,7 @@ def measure_generation(
     config: GenerationConfig,
     max_positions: int | None = None,
     baseline: onnx.ModelProto | str | Path | None = None,
+    baseline_session: SessionConfig | None = None,
     speedup: SpeedupConfig | None = None,
     reference: Generation | None = None,
     machine: MachinePeaks | None = None,
@@ -200,6 +209,8 @@ def measure_generation(
         config: what to measure.
         max_positions: the model's position table size; lengths beyond it are refused before anything runs.
         baseline: the decode-ready baseline to time the phases against.
+        baseline_session: the baseline's ONNX Runtime settings (default: `session` without IO binding): an attempt's
+            session entry changes the attempt's, not the baseline's.
         speedup: how the interleaved timing runs (default `SpeedupConfig()`).
         reference: a generation (the baseline's) whose tokens the model is fed, for `along_reference`.
         machine: the roofs of the phases' rooflines (without them, no share of peak).
@@ -212,6 +223,7 @@ def measure_generation(
     if max_positions is not None:
         config.check_positions(max_positions)
     decoder = DecoderSession.open(model, session)
+    io_binding = session.decode_io_binding
     vocab = _vocab_size(decoder)
     lens = config.phase_lens
     latencies: dict[str, dict[int, Latency]] = {PREFILL: {}, DECODE: {}}
@@ -220,21 +232,23 @@ def measure_generation(
         for n in lengths:
             feeds = decoder.phase_feeds(_phase_tokens(config, phase, n, vocab), _past_len(phase, n))
             logger.info("generation: timing the %s at %d", phase, n)
-            latencies[phase][n] = time_runs(_step(decoder, feeds), config.timing)
+            latencies[phase][n] = time_runs(loop_step(decoder, feeds, io_binding=io_binding), config.timing)
             if n == lens[phase]:
                 phase_feeds[phase] = feeds
     prompt = _random_tokens(np.random.default_rng([config.seed, 1]), config.prompt_len, vocab)
     logger.info("generation: %d greedy generations of %d tokens", config.generation_runs, config.new_tokens)
-    decoder.greedy(prompt, config.new_tokens)  # untimed: the first generation allocates the growing pasts
-    runs = [decoder.greedy(prompt, config.new_tokens) for _ in range(config.generation_runs)]
+    capacity = max(config.prompt_len, reference.prompt.shape[1] if reference is not None else 0) + config.new_tokens
+    looper = BoundDecoder(decoder, batch=1, capacity=capacity) if io_binding else decoder
+    looper.greedy(prompt, config.new_tokens)  # untimed: the first generation allocates the growing pasts
+    runs = [looper.greedy(prompt, config.new_tokens) for _ in range(config.generation_runs)]
     first_s = float(np.median([g.first_token_s for g in runs]))
     total_s = float(np.median([g.total_s for g in runs]))
     rest_s = float(np.median([g.total_s - g.first_token_s for g in runs]))
     along = None
     if reference is not None:
         logger.info("generation: feeding the reference's %d tokens", reference.tokens.shape[1])
-        along = tuple(decoder.forced_logits(reference.prompt, reference.tokens))
-    del decoder  # free this session before the profiled and the interleaved ones
+        along = tuple(looper.forced_logits(reference.prompt, reference.tokens))
+    del decoder, looper  # free this session before the profiled and the interleaved ones
     rooflines: dict[str, Roofline] = {}
     split = None
     if config.roofline_runs:
@@ -249,14 +263,17 @@ def measure_generation(
                     rooflines[phase] = _phase_roofline(model, feeds, session, config.roofline_runs, machine,
                                                        folder / phase)
     speedups: dict[str, Speedup] = {}
+    timings: dict[str, PhaseTiming] = {}
     for phase in GENERATION_PHASES:
         length = config.speedup_len(phase)
         if baseline is None or length is None:
             continue
         logger.info("generation: timing the %s at %d against the baseline", phase, length)
         tokens, past_len = _phase_tokens(config, phase, length, vocab), _past_len(phase, length)
-        speedups[phase] = measure_speedup(_phase_runners(baseline, session, tokens, past_len),
-                                          _phase_runners(model, session, tokens, past_len), speedup or SpeedupConfig())
+        timings[phase] = time_phase(baseline, model, tokens=tokens, past_len=past_len, session=session,
+                                    baseline_session=baseline_session or replace(session, decode_io_binding=False),
+                                    config=speedup or SpeedupConfig())
+        speedups[phase] = timings[phase].speedup
     return GenerationResult(
         prefill=latencies[PREFILL],
         decode=latencies[DECODE],
@@ -268,6 +285,8 @@ def measure_generation(
         speedups=speedups,
         rooflines=rooflines,
         decode_split=split,
+        phase_timings=timings,
+        io_binding=io_binding,
         along_reference=along,
     )
 
@@ -295,28 +314,12 @@ def _phase_roofline(model, feeds: Mapping[str, np.ndarray], session: SessionConf
 def _decode_roofline(model, feeds: Mapping[str, np.ndarray], session: SessionConfig, runs: int,
                      machine: MachinePeaks | None, workdir: Path) -> tuple[Roofline, StepSplit]:
     """The decode step's roofline (as `_phase_roofline`) and where its time goes, from one profiled session whose
-    steps are timed as the numpy decode loop runs them (the first step dropped from both)."""
-    steps = profile_steps(model, session, numpy_step(feeds), runs=runs, workdir=workdir)
+    steps are timed as the decode loop runs them, numpy or IO binding (the first step dropped from both)."""
+    io_binding = session.decode_io_binding
+    steps = profile_steps(model, session, lambda s: loop_step(DecoderSession(s), feeds, io_binding=io_binding),
+                          runs=runs, workdir=workdir)
     roofline = build_roofline(steps.profile.events, machine=machine, skip_runs=1, tokens_per_run=count_tokens(feeds))
     return roofline, steps.split(skip_runs=1)
-
-
-def _phase_runners(model: onnx.ModelProto | str | Path, session: SessionConfig, tokens: np.ndarray, past_len: int):
-    """Fresh sessions (threads that stop spinning after a run) bound to one step of a phase, for `measure_speedup`."""
-    if not isinstance(model, onnx.ModelProto):
-        model = str(model)  # a path stays a path: each session reads it (and its external data) itself
-
-    def make() -> Runner:
-        decoder = DecoderSession.open(model, session, stop_spinning_after_run=True)
-        feeds = decoder.phase_feeds(tokens, past_len)
-        return lambda: decoder.session.run(None, feeds)
-
-    return make
-
-
-def _step(decoder: DecoderSession, feeds: dict[str, np.ndarray]) -> Runner:
-    """One run of the decoder's session on `feeds`, for `time_runs`."""
-    return lambda: decoder.session.run(None, feeds)
 
 
 def _vocab_size(decoder: DecoderSession) -> int:
