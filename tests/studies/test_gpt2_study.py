@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -222,9 +221,7 @@ def test_the_study_runs_on_a_local_llama_folder_with_generation(tmp_path, monkey
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    # 4 profiled decode steps: the split's middle half of 3 kept steps is one step (of 2 it is none)
-    generation = dataclasses.replace(_generation_study().generation, roofline_runs=4)
-    config = _generation_study(model=str(folder), attempts=("int4_block32",), generation=generation)
+    config = _generation_study(model=str(folder), attempts=("int4_block32",))
     run_gpt2_study(config, experiment="llama", workdir=tmp_path / "work")
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("llama")
