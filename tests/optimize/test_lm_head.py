@@ -46,3 +46,14 @@ def test_an_lm_head_kept_in_fp32_is_counted_as_fp32(tiny_gpt2_decoder, tmp_path)
     assert candidate.params["quantization.lm_head"] == "fp32"
     assert int(candidate.params["quantization.quantized_matmuls"]) == \
         int(_make("int4_block32", tiny_gpt2_decoder.path, tmp_path / "again").params["quantization.quantized_matmuls"]) - 1
+
+
+def test_a_fused_tied_lm_head_is_untied_so_int4_quantizes_it(tiny_gpt2_decoder, tmp_path):
+    fused = _make("attention_fused", tiny_gpt2_decoder.path, tmp_path)
+    assert lm_head_precision(onnx.load(str(fused.path), load_external_data=False)) == "fp32"
+    graph = onnx.load(str(fused.path), load_external_data=False).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    assert producer["logits"].op_type == "FusedMatMul"  # onnxscript folded the tied weight's Transpose into it
+    candidate = _make("attention_fused+int4_block32", tiny_gpt2_decoder.path, tmp_path / "chain")
+    assert candidate.params["quantization.lm_head"] == "int4"
+    assert any("untied copy" in note for note in candidate.notes)

@@ -15,7 +15,7 @@ from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output, save_proto
-from tracker.optimize.quantize.lm_head import lm_head_params
+from tracker.optimize.quantize.lm_head import lm_head_params, untie_fused_products
 from tracker.optimize.quantize.prepare import model_bytes, prepared
 
 # MatMulNBits' accuracy_level 4 computes with int8 activations (quantized per block inside the kernel)
@@ -92,6 +92,7 @@ class Int4(Entry):
         gemms = count_ops(model, ("Gemm",))["Gemm"]
         # The quantizer takes MatMul only, and torch exports most linear layers as Gemm: ORT's own rewrite
         # (the one quantize_dynamic uses) makes each plain Gemm a MatMul + Add, transposing a transB weight.
+        untied = untie_fused_products(model)
         wrapped = ONNXModel(model)
         wrapped.replace_gemm_with_matmul()
         rewritten = gemms - count_ops(wrapped.model, ("Gemm",))["Gemm"]
@@ -120,6 +121,9 @@ class Int4(Entry):
             f"model size {source_bytes / 1e6:.2f} MB -> {target_bytes / 1e6:.2f} MB "
             f"({source_bytes / max(target_bytes, 1):.2f}x smaller)",
         ]
+        if untied:
+            notes.append(f"{untied} FusedMatMul with a transposed weight (a tied lm_head, fused) rewritten as MatMul on "
+                         "an untied copy of the weight, so it is quantized too")
         if self.exclude:
             notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
         padded = sum(1 for k in k_of if k % self.block_size)

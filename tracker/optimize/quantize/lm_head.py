@@ -8,7 +8,9 @@ entry says what became of it.
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 # The product that makes the logits, by op type: the precision of its weight.
 PRODUCT_PRECISION = {
@@ -54,3 +56,32 @@ def lm_head_params(model: onnx.ModelProto) -> dict[str, str]:
     """`quantization.lm_head` = the lm_head's precision, for a model with a `logits` output; nothing otherwise."""
     precision = lm_head_precision(model)
     return {} if precision is None else {"quantization.lm_head": precision}
+
+
+def untie_fused_products(model: onnx.ModelProto) -> int:
+    """Rewrites each `FusedMatMul` whose weight is an initializer read transposed (`transB`, alpha 1: what onnxscript's
+    fusions make of an lm_head tied to the embedding) as a plain `MatMul` on a transposed copy of the weight, in place,
+    so a quantizer that takes MatMul weights sees it. The copy unties the lm_head from the embedding (the embedding's
+    Gather keeps the original). Returns how many were rewritten.
+    """
+    initializers = {t.name: t for t in model.graph.initializer}
+    rewritten = 0
+    for node in model.graph.node:
+        if node.op_type != "FusedMatMul" or node.domain != "com.microsoft" or len(node.input) != 2:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        plain = (attrs.get("alpha", 1.0) == 1.0 and not attrs.get("transA", 0) and not attrs.get("transBatchA", 0)
+                 and not attrs.get("transBatchB", 0))
+        weight = initializers.get(node.input[1])
+        if not plain or weight is None or len(weight.dims) != 2:
+            continue
+        values = numpy_helper.to_array(weight)
+        name = f"{node.input[1]}_untied"
+        if attrs.get("transB", 0):
+            values = np.ascontiguousarray(values.T)
+        model.graph.initializer.append(numpy_helper.from_array(values, name))
+        node.op_type, node.domain = "MatMul", ""
+        node.input[1] = name
+        del node.attribute[:]
+        rewritten += 1
+    return rewritten
