@@ -14,7 +14,15 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize import add_eyelike, attention_fusion, fp16, ort_optimizer, session_levels, session_options
+from tracker.optimize import (
+    add_eyelike,
+    attention_fusion,
+    fp16,
+    ort_optimizer,
+    session_levels,
+    session_options,
+    shared_kv,
+)
 from tracker.optimize.base import Candidate, Context, ModelInfo
 from tracker.optimize.chain import SEPARATOR, Chain
 from tracker.optimize.entry import KINDS, Entry, EntryError
@@ -32,6 +40,7 @@ REGISTRY: dict[str, Entry] = {
         fp16.ENTRY,
         ort_optimizer.EXTENDED,
         attention_fusion.ENTRY,
+        shared_kv.ENTRY,
         int8.ENTRY,
         int8_static.MINMAX,
         int8_static.PERCENTILE,

@@ -1,11 +1,15 @@
-"""Decoding through ONNX Runtime's IO binding: the KV cache stays in buffers allocated once, no numpy round trip.
+"""Decoding through ONNX Runtime's IO binding: the KV cache in buffers allocated once.
 
-A plain decode loop (`DecoderSession.step`) feeds the past as numpy arrays and gets every present back as a new numpy
-array, allocated and copied by the Python binding at each step: at a past of 512, gpt2-small moves ~38 MB out of ORT
-that way per token. `BoundDecoder` instead binds each past input and each present output to one of two buffers per
-tensor, allocated once at the generation's full length: a step reads the past from one and writes the present into the
-other, and the next step swaps them. Logits are written into a preallocated buffer too. Nothing is copied outside ORT's
-kernels; the graph's own copy of the past into the present (its Concat) remains.
+A plain decode loop (`DecoderSession.step`) feeds the past as numpy arrays and gets every present back as a new array
+that ORT allocated (ORT 1.32 hands its own buffers to numpy, without a copy). `BoundDecoder` binds the KV cache to
+buffers allocated once, at the generation's full length, in one of two ways:
+- a decode-ready model whose graph concatenates past and new positions: two buffers per tensor; a step reads the past
+  from one and writes the present into the other, and the next step swaps them. The graph's own copy of the past
+  into the present remains, and each step binds every tensor again (its length changed): on a small cache this costs
+  more than it saves (docs/results.md).
+- a model whose attention takes the past in a buffer of any capacity (`optimize.shared_kv`: GroupQueryAttention):
+  one buffer per tensor, bound as both past and present, so the kernel writes only the new positions; the binding is
+  made once per prompt length, and a decode step only writes the token and the lengths into bound arrays.
 """
 
 from __future__ import annotations
@@ -16,7 +20,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracker.measure.generation.decoder import INPUT_IDS, LOGITS, DecoderSession, Generation, check_tokens, present_name
+from tracker.measure.generation.decoder import (
+    INPUT_IDS,
+    LOGITS,
+    SEQLENS_K,
+    TOTAL_SEQUENCE_LENGTH,
+    DecoderSession,
+    Generation,
+    check_tokens,
+    present_name,
+)
 
 
 @dataclass
@@ -26,6 +39,8 @@ class _Buffers:
     past: dict[str, tuple[np.ndarray, np.ndarray]]
     logits: np.ndarray
     ids: np.ndarray
+    seqlens_k: np.ndarray
+    total: np.ndarray
 
 
 class BoundDecoder:
@@ -44,13 +59,23 @@ class BoundDecoder:
         self.batch, self.capacity = batch, capacity
         self.vocab = _vocab(decoder)
         size = batch * decoder.num_heads * capacity * decoder.head_dim
+        # A model that takes the past's length apart (`optimize.shared_kv`) reads and writes one buffer per tensor.
+        self.shared = decoder.takes_lengths
+
+        def pair() -> tuple[np.ndarray, np.ndarray]:
+            one = np.zeros(size, decoder.dtype)
+            return (one, one) if self.shared else (one, np.zeros(size, decoder.dtype))
+
         self._buffers = _Buffers(
-            past={n: (np.zeros(size, decoder.dtype), np.zeros(size, decoder.dtype)) for n in decoder.past_names},
+            past={n: pair() for n in decoder.past_names},
             logits=np.zeros(batch * capacity * self.vocab, np.float32),
             ids=np.zeros(batch * capacity, np.int64),
+            seqlens_k=np.zeros(batch, np.int32),
+            total=np.zeros((), np.int32),
         )
         self._binding = decoder.session.io_binding()
         self._past_len = 0  # positions held in the current side of the buffers
+        self._shared_seq: int | None = None  # with one buffer per tensor: the new tokens' count the binding holds
         self._side = 0  # which of the two buffers holds the past
 
     @property
@@ -74,16 +99,25 @@ class BoundDecoder:
         d, b = self.decoder, self._buffers
         ids = b.ids[: batch * seq].reshape(batch, seq)
         ids[...] = tokens
+        self._bound = (batch, seq, total)
+        if self.shared:
+            b.seqlens_k[...] = total - 1
+            b.total[...] = total
+            if self._shared_seq == seq:  # every buffer is where it was bound: only the values above changed
+                return
+            self._shared_seq = seq
         io = self._binding
         io.bind_input(INPUT_IDS, "cpu", 0, np.int64, [batch, seq], ids.ctypes.data)
-        past_shape = [batch, d.num_heads, self._past_len, d.head_dim]
-        present_shape = [batch, d.num_heads, total, d.head_dim]
+        past_shape = [batch, d.num_heads, self.capacity if self.shared else self._past_len, d.head_dim]
+        present_shape = [batch, d.num_heads, self.capacity if self.shared else total, d.head_dim]
+        if self.shared:
+            io.bind_input(SEQLENS_K, "cpu", 0, np.int32, [batch], b.seqlens_k.ctypes.data)
+            io.bind_input(TOTAL_SEQUENCE_LENGTH, "cpu", 0, np.int32, [], b.total.ctypes.data)
         for name in d.past_names:
             read, write = b.past[name][self._side], b.past[name][1 - self._side]
             io.bind_input(name, "cpu", 0, d.dtype, past_shape, read.ctypes.data)
             io.bind_output(present_name(name), "cpu", 0, d.dtype, present_shape, write.ctypes.data)
         io.bind_output(LOGITS, "cpu", 0, np.float32, [batch, seq, self.vocab], b.logits.ctypes.data)
-        self._bound = (batch, seq, total)
 
     def run_bound(self) -> np.ndarray:
         """Runs the step last bound (again, when called twice): logits [batch, seq, vocab], a view of the buffer that
@@ -95,7 +129,8 @@ class BoundDecoder:
     def advance(self) -> None:
         """Makes the present of the step last run the past of the next."""
         self._past_len = self._bound[2]
-        self._side = 1 - self._side
+        if not self.shared:
+            self._side = 1 - self._side
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """Runs `tokens` [batch, seq] after the current past and keeps their keys and values: the logits (a view)."""
@@ -136,7 +171,12 @@ class BoundDecoder:
         if past_len > self.capacity:
             raise ValueError(f"a past of {past_len} exceeds the buffers' capacity {self.capacity}")
         for name, value in past.items():
-            self._buffers.past[name][self._side][: value.size] = value.astype(d.dtype, copy=False).ravel()
+            buffer = self._buffers.past[name][self._side]
+            if self.shared:  # the past's positions first, in a buffer of `capacity` positions
+                shape = (self.batch, d.num_heads, self.capacity, d.head_dim)
+                buffer.reshape(shape)[:, :, :past_len, :] = value
+            else:
+                buffer[: value.size] = value.astype(d.dtype, copy=False).ravel()
         self._past_len = past_len
         new = check_tokens(np.asarray(feeds[INPUT_IDS]))
 

@@ -23,6 +23,11 @@ INPUT_IDS = "input_ids"
 LOGITS = "logits"
 PAST_PREFIX = "past_key_values."
 PRESENT_PREFIX = "present."
+# The lengths a model whose attention takes its past in a buffer of any capacity needs (`optimize.shared_kv`):
+# per row, the positions after this step minus one; and the positions after this step.
+SEQLENS_K = "seqlens_k"
+TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
+LENGTH_INPUTS = (SEQLENS_K, TOTAL_SEQUENCE_LENGTH)
 _DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -69,11 +74,13 @@ class DecoderSession:
         inputs = {i.name: i for i in session.get_inputs()}
         outputs = [o.name for o in session.get_outputs()]
         pasts = tuple(n for n in inputs if n.startswith(PAST_PREFIX))
-        other = sorted(set(inputs) - {INPUT_IDS} - set(pasts))
+        lengths = tuple(n for n in LENGTH_INPUTS if n in inputs)
+        other = sorted(set(inputs) - {INPUT_IDS} - set(pasts) - set(lengths))
         missing = [present_name(p) for p in pasts if present_name(p) not in outputs]
-        if INPUT_IDS not in inputs or LOGITS not in outputs or not pasts or other or missing:
+        if INPUT_IDS not in inputs or LOGITS not in outputs or not pasts or other or missing or len(lengths) == 1:
             raise ValueError(
-                f"a decode-ready model takes {INPUT_IDS!r} and {PAST_PREFIX}<i>.key/value, and gives {LOGITS!r} and "
+                f"a decode-ready model takes {INPUT_IDS!r} and {PAST_PREFIX}<i>.key/value (and {SEQLENS_K!r} with "
+                f"{TOTAL_SEQUENCE_LENGTH!r}, or neither), and gives {LOGITS!r} and "
                 f"{PRESENT_PREFIX}<i>.key/value; got inputs {list(inputs)} and outputs {outputs}"
             )
         shape = inputs[pasts[0]].shape
@@ -87,6 +94,7 @@ class DecoderSession:
         self.num_heads, self.head_dim = int(shape[1]), int(shape[3])
         self.dtype = _DTYPES[inputs[pasts[0]].type]
         self.output_names = (LOGITS, *(present_name(p) for p in pasts))
+        self.takes_lengths = bool(lengths)
 
     @classmethod
     def open(
@@ -101,7 +109,12 @@ class DecoderSession:
 
     def feeds(self, tokens: np.ndarray, past: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The session's feeds for `tokens` [batch, seq] after `past`."""
-        return {INPUT_IDS: np.asarray(tokens, dtype=np.int64), **past}
+        tokens = np.asarray(tokens, dtype=np.int64)
+        feeds = {INPUT_IDS: tokens, **past}
+        if self.takes_lengths:
+            past_len = next(iter(past.values())).shape[2]
+            feeds.update(length_feeds(tokens.shape[0], past_len + tokens.shape[1]))
+        return feeds
 
     def phase_feeds(self, tokens: np.ndarray, past_len: int) -> dict[str, np.ndarray]:
         """Feeds for `tokens[:, past_len:]` after the past the prompt pass of `tokens[:, :past_len]` made; a
@@ -151,6 +164,11 @@ class DecoderSession:
             logits, past = self.step(continuation[:, i : i + 1], past)
             result.append(logits[:, -1, :])
         return result
+
+
+def length_feeds(batch: int, total: int) -> dict[str, np.ndarray]:
+    """`seqlens_k` and `total_sequence_length` for a step that ends at `total` positions (past and new tokens)."""
+    return {SEQLENS_K: np.full((batch,), total - 1, dtype=np.int32), TOTAL_SEQUENCE_LENGTH: np.array(total, np.int32)}
 
 
 def check_tokens(tokens: np.ndarray) -> np.ndarray:
