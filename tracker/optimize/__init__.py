@@ -50,10 +50,10 @@ REGISTRY: dict[str, Entry] = {
     )
 }
 
-# Entries that change only how a decode loop runs the model (the forward pass is the source's): the generation scenario
-# runs them; a forward-only study or search leaves them out unless asked for by name.
-DECODE_LOOP_ONLY = (session_options.IO_BINDING.name,)
-FORWARD_ENTRIES = tuple(name for name in REGISTRY if name not in DECODE_LOOP_ONLY)
+# Entries that change only how a model decodes against a KV cache (on a forward-only model they leave it as it is):
+# the generation scenario runs them; a forward-only study or search leaves them out unless asked for by name.
+DECODE_ONLY = (session_options.IO_BINDING.name, shared_kv.ENTRY.name)
+FORWARD_ENTRIES = tuple(name for name in REGISTRY if name not in DECODE_ONLY)
 
 
 def get_entry(name: str) -> Entry:
@@ -117,5 +117,5 @@ def applicable(model: onnx.ModelProto, context: Context) -> dict[str, str | None
     return {name: entry.why_not(model, context) for name, entry in REGISTRY.items()}
 
 
-__all__ = ["DECODE_LOOP_ONLY", "FORWARD_ENTRIES", "KINDS", "REGISTRY", "Candidate", "Chain", "Context", "Entry", "EntryError", "ModelInfo", "applicable",
+__all__ = ["DECODE_ONLY", "FORWARD_ENTRIES", "KINDS", "REGISTRY", "Candidate", "Chain", "Context", "Entry", "EntryError", "ModelInfo", "applicable",
            "apply", "get_entry", "parse_knob_value"]

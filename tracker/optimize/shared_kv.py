@@ -37,8 +37,8 @@ def shared_kv(source: Path, target_dir: Path, context: Context) -> Candidate:
     if not rewritten:
         copy_model(source, target)
         return Candidate(path=target, applied=False, fusions={"GroupQueryAttention": 0}, fully_optimized=None,
-                         precision="fp32", notes=("no MultiHeadAttention with a past (fuse attention first: "
-                                                  "attention_fused+shared_kv): nothing to rewrite",))
+                         precision="fp32", notes=("not every layer's attention is a MultiHeadAttention with a past "
+                                                  "(fuse attention first: attention_fused+shared_kv): nothing rewritten",))
     save_proto(model, target)
     return Candidate(
         path=target, applied=True, fusions={"GroupQueryAttention": rewritten, "MultiHeadAttention": 0},

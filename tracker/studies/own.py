@@ -143,9 +143,10 @@ def plan(config: OwnModelConfig) -> Plan:
     for name, reason in reasons.items():
         if name in run:
             continue
+        decode_only = name not in FORWARD_ENTRIES and config.attempts is None
         not_run[name] = ("skipped (--skip)" if name in config.skip else reason
-                         or ("changes only a decode loop, which this study does not run" if name not in FORWARD_ENTRIES
-                             and config.attempts is None else "not chosen (--attempts)"))
+                         or ("changes only how a model decodes, which this study does not measure" if decode_only
+                             else "not chosen (--attempts)"))
     info_source = detection.source if info is not None else (detection.reason or "not read")
     return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run)
 

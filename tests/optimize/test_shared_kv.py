@@ -1,0 +1,80 @@
+"""`shared_kv` on a narrow 12-layer GPT-2 decode export fused by `attention_fused`: GroupQueryAttention in every layer, the same
+tokens as the source over 16 greedy steps through numpy (a past of its own length) and through IO binding (past and
+present in one buffer), and a model with nothing to rewrite left as it is."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+pytest.importorskip("torch")
+
+from tracker.gpt2.model import SIZES  # noqa: E402
+from tracker.gpt2.tokens import make_tokens  # noqa: E402
+from tracker.measure.generation.binding import BoundDecoder  # noqa: E402
+from tracker.measure.generation.decoder import DecoderSession  # noqa: E402
+from tracker.measure.runtimes.ort_runtime import SessionConfig  # noqa: E402
+from tracker.optimize import FORWARD_ENTRIES, Context, ModelInfo, get_entry  # noqa: E402
+
+pytestmark = pytest.mark.slow  # the tiny decoder is a dynamo export (shared by the session)
+
+TINY = SIZES["tiny"]
+# onnxscript 0.7.2 fuses the attention of every layer of a 12-layer decode export, but only one layer of the tiny
+# 2-layer one (its first layer reads the batch from a past's shape): a narrow 12-layer model, so every layer fuses.
+NARROW = {**TINY, "n_layer": 12}
+INFO = ModelInfo(num_heads=NARROW["n_head"], hidden_size=NARROW["n_embd"])
+STEPS = 16
+
+
+def _make(spec: str, source, tmp_path):
+    return get_entry(spec)(source, tmp_path, Context(info=INFO), graph=onnx.load(str(source), load_external_data=False))
+
+
+@pytest.fixture(scope="module")
+def narrow_decoder(tmp_path_factory):
+    from tracker.gpt2.decode import export_decoder
+    from tracker.gpt2.model import load_gpt2
+
+    folder = tmp_path_factory.mktemp("narrow")
+    (folder / "config.json").write_text(json.dumps({"model_type": "gpt2", **NARROW}))
+    return export_decoder(load_gpt2(config_path=str(folder / "config.json")), folder / "decoder.onnx").path
+
+
+@pytest.fixture(scope="module")
+def shared(narrow_decoder, tmp_path_factory):
+    return _make("attention_fused+shared_kv", narrow_decoder, tmp_path_factory.mktemp("shared"))
+
+
+def test_every_attention_with_a_past_becomes_group_query_attention(shared):
+    ops = [n.op_type for n in onnx.load(str(shared.path), load_external_data=False).graph.node]
+    assert ops.count("GroupQueryAttention") == NARROW["n_layer"]
+    assert "MultiHeadAttention" not in ops
+    assert shared.applied and shared.fusions["GroupQueryAttention"] == NARROW["n_layer"]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_it_decodes_the_sources_tokens_through_numpy_and_through_one_shared_buffer(batch, shared, narrow_decoder):
+    prompt = make_tokens(batch=batch, seq_len=10, vocab_size=TINY["vocab_size"], seed=7)
+    source = DecoderSession.open(narrow_decoder, SessionConfig()).greedy(prompt, STEPS)
+    decoder = DecoderSession.open(shared.path, SessionConfig())
+    plain = decoder.greedy(prompt, STEPS)
+    bound = BoundDecoder(decoder, batch=batch, capacity=10 + STEPS)
+    assert bound.shared
+    through_buffer = bound.greedy(prompt, STEPS)
+    np.testing.assert_array_equal(plain.tokens, source.tokens)
+    np.testing.assert_array_equal(through_buffer.tokens, source.tokens)
+    for mine, theirs in zip(through_buffer.step_logits, plain.step_logits, strict=True):
+        np.testing.assert_array_equal(mine, theirs)  # the same kernel on the same positions, bit for bit
+    worst = max(float(np.abs(a - b).max()) for a, b in zip(plain.step_logits, source.step_logits, strict=True))
+    assert worst < 1e-3
+
+
+@pytest.mark.parametrize("spec", ["shared_kv", "attention_fused+shared_kv"])
+def test_a_model_without_every_attention_fused_is_left_as_it_is(spec, tiny_gpt2_decoder, tmp_path):
+    candidate = _make(spec, tiny_gpt2_decoder.path, tmp_path)  # unfused; fused in one layer of two
+    assert not candidate.applied
+    assert "fuse attention first" in candidate.notes[-1]
+    assert "shared_kv" not in FORWARD_ENTRIES  # forward-only studies and searches leave it out
