@@ -317,7 +317,25 @@ def scenario_keys() -> list[str]:
         roofline = scope.roofline_prefix + "roofline."
         lines.append(f"| {scope.phase} | `{scope.prefix}p50_ms` | {speedup} | `{scope.check_key}` | "
                      f"`{roofline}matmuls.pct_peak` `{roofline}memory_bound` |")
-    return lines + [""]
+    return lines + [""] + generation_keys()
+
+
+def generation_keys() -> list[str]:
+    """The decode step's split and the tokens per second of each phase's interleaved timing, from the code that
+    writes them (`StepSplit.metrics`, `PhaseTiming.metrics`)."""
+    from tracker.base.vocabulary import Phase
+    from tracker.measure.costmodel.step_split import SPLIT, Part
+    from tracker.measure.generation.phase_timing import PhaseTiming
+    from tracker.measure.schema import Scope
+    from tracker.measure.timing.speedup import BASELINE_SPEEDUP
+
+    decode = Scope(Phase.DECODE, 512).prefix
+    split = " ".join(f"`{decode}{SPLIT}{part}_ms`" for part in Part)
+    timing = " ".join(f"`{key}`" for key in PhaseTiming(BASELINE_SPEEDUP, 1.0, 1.0, 1.0, 1.0).metrics(decode))
+    return ["Where a decode step's time goes (each part also as `..._share` of `" + decode + SPLIT + "step_ms`): "
+            + split + ".", "",
+            "The tokens per second a user quotes, from the same interleaved timing as the speed-up (prefill and "
+            "decode alike): " + timing + ".", ""]
 
 
 def tracker_tags() -> list[tuple[str, str, str]]:
