@@ -123,6 +123,16 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
     graph.node.extend(kept)
 
 
+def has_attention(model: onnx.ModelProto, context: Context) -> str | None:
+    """Attention in the graph, fused (MultiHeadAttention, GroupQueryAttention, Attention) or not (Softmax and
+    MatMul): on a forward-only transformer it applies and leaves the model as it is, so chains run in both of a
+    study's scenarios."""
+    ops = {node.op_type for node in model.graph.node}
+    if ops & {"MultiHeadAttention", "GroupQueryAttention", "Attention"} or {"Softmax", "MatMul"} <= ops:
+        return None
+    return "no attention in the graph (neither a fused attention op nor Softmax and MatMul)"
+
+
 ENTRY = FunctionEntry(NAME, Kind.TRANSFORM,
                       "attention with a past as GroupQueryAttention, its KV cache able to share one buffer",
-                      shared_kv)
+                      shared_kv, has_attention)
