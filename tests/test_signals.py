@@ -43,6 +43,7 @@ def _migrating(folder: Path) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.subprocess
+@pytest.mark.timing  # Ctrl-C must land while the migrations run (seconds): retried when it lands after them
 def test_ctrl_c_while_the_default_store_is_built_leaves_none_half_built(tmp_path):
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "m.onnx"))
     command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2",

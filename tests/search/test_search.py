@@ -152,6 +152,7 @@ def test_a_search_where_nothing_passes_exits_0_with_the_baseline_and_every_reaso
 
 @pytest.mark.slow
 @pytest.mark.subprocess
+@pytest.mark.timing  # Ctrl-C must land inside a measurement of ~2 s on a shared machine: retried if it lands after
 def test_ctrl_c_during_a_search_keeps_what_was_logged_marks_the_cut_attempt_failed_and_exits_130(tmp_path,
                                                                                                   sensitive_mlp):
     env = child_env(f"sqlite:///{tmp_path / 'mlflow.db'}", TRACKER_OUTBOX=str(tmp_path / "outbox"))
@@ -165,7 +166,7 @@ def test_ctrl_c_during_a_search_keeps_what_was_logged_marks_the_cut_attempt_fail
         for line in proc.stdout:
             lines.append(line)
             if "timing against baseline" in line and "search, full measurement" in "".join(lines):
-                time.sleep(1.0)
+                time.sleep(0.2)  # into the rounds, which take ~2 s in all for this model
                 proc.send_signal(signal.SIGINT)
                 break
         output = "".join(lines) + proc.communicate(timeout=120)[0]
