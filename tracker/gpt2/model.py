@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tracker.base.errors import ModelError
-from tracker.gpt2.families import check_family, config_from_json, lm_shape, read_config
+from tracker.gpt2.families import LMShape, check_family, config_from_json, lm_shape, read_config
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -55,37 +55,23 @@ PARAM_NOISE_STD = 0.02
 
 
 @dataclass(frozen=True)
-class LoadedLM:
-    """A causal LM (GPT-2 or LLaMA family) in eval mode, where it came from and its shape.
+class LoadedLM(LMShape):
+    """A causal LM (GPT-2 or LLaMA family) in eval mode, where it came from, and its shape (the `LMShape` fields:
+    family, layers, heads, KV heads, head width, hidden size, positions, vocabulary).
 
     Attributes:
         model: the transformers model (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...), in eval mode, float32.
         config: its config.
-        family: its `model_type`, one of `families.FAMILIES`.
         pretrained: True when the weights were loaded with `from_pretrained`, False when seeded.
         source: "local:<path or cached name>", "config:<size>" or "config-file:<path>".
-        n_layer, kv_heads, head_dim: the KV cache's shape: per layer a key and a value [batch, kv_heads, past,
-            head_dim]; `kv_heads` < `num_heads` with grouped-query attention.
-        num_heads: attention heads per layer (what ORT's optimizer calls num_heads).
-        hidden_size: embedding width (n_embd).
-        max_positions: the longest sequence the model holds (a prompt plus everything generated).
-        vocab_size: vocabulary size; token ids must lie in [0, vocab_size).
         params: what to log as MLflow params (`gpt2.*` keys for GPT-2, `lm.*` for the others, and `lm.family`; string
             values).
     """
 
     model: PreTrainedModel
     config: PretrainedConfig
-    family: str
     pretrained: bool
     source: str
-    n_layer: int
-    num_heads: int
-    kv_heads: int
-    head_dim: int
-    hidden_size: int
-    max_positions: int
-    vocab_size: int
     params: dict[str, str]
 
 

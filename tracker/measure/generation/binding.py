@@ -14,7 +14,6 @@ buffers allocated once, at the generation's full length, in one of two ways:
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -27,7 +26,10 @@ from tracker.measure.generation.decoder import (
     TOTAL_SEQUENCE_LENGTH,
     DecoderSession,
     Generation,
+    NextLogits,
     check_tokens,
+    forced,
+    greedy,
     present_name,
 )
 
@@ -57,7 +59,7 @@ class BoundDecoder:
             raise ValueError(f"batch and capacity must be >= 1, got {batch} and {capacity}")
         self.decoder = decoder
         self.batch, self.capacity = batch, capacity
-        self.vocab = _vocab(decoder)
+        self.vocab = decoder.vocab_size
         size = batch * decoder.num_heads * capacity * decoder.head_dim
         # A model that takes the past's length apart (`optimize.shared_kv`) reads and writes one buffer per tensor.
         self.shared = decoder.takes_lengths
@@ -186,32 +188,20 @@ class BoundDecoder:
 
         return run
 
+    def next_logits(self) -> tuple[NextLogits, NextLogits]:
+        """The prompt pass and the step after it, each giving the next-token logits [batch, vocab] (copied out of the
+        buffer the next step overwrites): what `greedy` and `forced_logits` drive."""
+        return (lambda prompt: self.prefill(prompt)[:, -1, :].copy(),
+                lambda tokens: self.step(tokens)[:, -1, :].copy())
+
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> Generation:
         """Generates `new_tokens` tokens after `prompt` [batch, seq], each the argmax of its step's logits (as
         `DecoderSession.greedy`)."""
-        if new_tokens < 1:
-            raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
-        prompt = check_tokens(prompt)
-        start = time.perf_counter()
-        next_logits = self.prefill(prompt)[:, -1, :].copy()
-        token = next_logits.argmax(axis=-1)
-        first_token_s = time.perf_counter() - start
-        tokens, step_logits = [token], [next_logits]
-        for _ in range(new_tokens - 1):
-            next_logits = self.step(token[:, None])[:, -1, :].copy()
-            token = next_logits.argmax(axis=-1)
-            tokens.append(token)
-            step_logits.append(next_logits)
-        total_s = time.perf_counter() - start
-        return Generation(prompt, np.stack(tokens, axis=1).astype(np.int64), tuple(step_logits), first_token_s, total_s)
+        return greedy(*self.next_logits(), prompt, new_tokens)
 
     def forced_logits(self, prompt: np.ndarray, continuation: np.ndarray) -> list[np.ndarray]:
         """As `DecoderSession.forced_logits`: next-token logits when `continuation` is fed one token at a time."""
-        continuation = check_tokens(continuation)
-        result = [self.prefill(prompt)[:, -1, :].copy()]
-        for i in range(continuation.shape[1] - 1):
-            result.append(self.step(continuation[:, i : i + 1])[:, -1, :].copy())
-        return result
+        return forced(*self.next_logits(), prompt, continuation)
 
 
 def loop_step(decoder: DecoderSession, feeds: Mapping[str, np.ndarray], *, io_binding: bool) -> Callable[[], object]:
@@ -225,10 +215,3 @@ def loop_step(decoder: DecoderSession, feeds: Mapping[str, np.ndarray], *, io_bi
     bound = BoundDecoder(decoder, batch=tokens.shape[0], capacity=past_len + tokens.shape[1])
     return bound.feeds_runner(feeds)
 
-
-def _vocab(decoder: DecoderSession) -> int:
-    (logits,) = [o for o in decoder.session.get_outputs() if o.name == LOGITS]
-    vocab = logits.shape[-1]
-    if not isinstance(vocab, int):
-        raise ValueError(f"the logits' last dimension (the vocabulary) must be static, got {logits.shape}")
-    return vocab

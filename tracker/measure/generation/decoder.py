@@ -10,7 +10,7 @@ are made inside the graph from the past's length, so the rows of a batch must be
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +103,19 @@ class DecoderSession:
         """A session of `model` with `config`'s settings (`make_session`)."""
         return cls(make_session(model, config, stop_spinning_after_run=stop_spinning_after_run))
 
+    @property
+    def vocab_size(self) -> int:
+        """The logits' last dimension.
+
+        Raises:
+            ValueError: it is not static.
+        """
+        (logits,) = [o for o in self.session.get_outputs() if o.name == LOGITS]
+        vocab = logits.shape[-1]
+        if not isinstance(vocab, int):
+            raise ValueError(f"the logits' last dimension (the vocabulary) must be static, got {logits.shape}")
+        return vocab
+
     def empty_past(self, batch: int) -> dict[str, np.ndarray]:
         """A past of length 0: what the prompt pass takes."""
         return {n: np.zeros((batch, self.num_heads, 0, self.head_dim), dtype=self.dtype) for n in self.past_names}
@@ -134,36 +147,64 @@ class DecoderSession:
         prompt = check_tokens(prompt)
         return self.step(prompt, self.empty_past(prompt.shape[0]))
 
+    def next_logits(self) -> tuple[NextLogits, NextLogits]:
+        """The prompt pass and the step after it, each giving the next-token logits [batch, vocab], with the past
+        carried between calls: what `greedy` and `forced` drive."""
+        past: dict[str, np.ndarray] = {}
+
+        def prefill(prompt: np.ndarray) -> np.ndarray:
+            logits, new = self.prefill(prompt)
+            past.clear()
+            past.update(new)
+            return logits[:, -1, :]
+
+        def step(tokens: np.ndarray) -> np.ndarray:
+            logits, new = self.step(tokens, past)
+            past.update(new)
+            return logits[:, -1, :]
+
+        return prefill, step
+
     def greedy(self, prompt: np.ndarray, new_tokens: int) -> Generation:
         """Generates `new_tokens` tokens after `prompt` [batch, seq], each the argmax of its step's logits."""
-        if new_tokens < 1:
-            raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
-        prompt = check_tokens(prompt)
-        start = time.perf_counter()
-        logits, past = self.prefill(prompt)
-        next_logits = logits[:, -1, :]
-        token = next_logits.argmax(axis=-1)
-        first_token_s = time.perf_counter() - start
-        tokens, step_logits = [token], [next_logits]
-        for _ in range(new_tokens - 1):
-            logits, past = self.step(token[:, None], past)
-            next_logits = logits[:, -1, :]
-            token = next_logits.argmax(axis=-1)
-            tokens.append(token)
-            step_logits.append(next_logits)
-        total_s = time.perf_counter() - start
-        return Generation(prompt, np.stack(tokens, axis=1).astype(np.int64), tuple(step_logits), first_token_s, total_s)
+        return greedy(*self.next_logits(), prompt, new_tokens)
 
     def forced_logits(self, prompt: np.ndarray, continuation: np.ndarray) -> list[np.ndarray]:
         """The next-token logits [batch, vocab] at each step when `continuation` [batch, n] is fed one token at a
         time after `prompt`: the first is the prompt pass's last position, the last predicts continuation[:, -1]."""
-        continuation = check_tokens(continuation)
-        logits, past = self.prefill(prompt)
-        result = [logits[:, -1, :]]
-        for i in range(continuation.shape[1] - 1):
-            logits, past = self.step(continuation[:, i : i + 1], past)
-            result.append(logits[:, -1, :])
-        return result
+        return forced(*self.next_logits(), prompt, continuation)
+
+
+# The next-token logits [batch, vocab] of a prompt pass or of one step after the calls before; arrays the caller keeps.
+NextLogits = Callable[[np.ndarray], np.ndarray]
+
+
+def greedy(prefill: NextLogits, step: NextLogits, prompt: np.ndarray, new_tokens: int) -> Generation:
+    """Generates `new_tokens` tokens after `prompt` [batch, seq], each the argmax of its step's logits, timed."""
+    if new_tokens < 1:
+        raise ValueError(f"new_tokens must be >= 1, got {new_tokens}")
+    prompt = check_tokens(prompt)
+    start = time.perf_counter()
+    next_logits = prefill(prompt)
+    token = next_logits.argmax(axis=-1)
+    first_token_s = time.perf_counter() - start
+    tokens, step_logits = [token], [next_logits]
+    for _ in range(new_tokens - 1):
+        next_logits = step(token[:, None])
+        token = next_logits.argmax(axis=-1)
+        tokens.append(token)
+        step_logits.append(next_logits)
+    total_s = time.perf_counter() - start
+    return Generation(prompt, np.stack(tokens, axis=1).astype(np.int64), tuple(step_logits), first_token_s, total_s)
+
+
+def forced(prefill: NextLogits, step: NextLogits, prompt: np.ndarray, continuation: np.ndarray) -> list[np.ndarray]:
+    """The next-token logits at each step when `continuation` [batch, n] is fed one token at a time after `prompt`."""
+    continuation = check_tokens(continuation)
+    result = [prefill(prompt)]
+    for i in range(continuation.shape[1] - 1):
+        result.append(step(continuation[:, i : i + 1]))
+    return result
 
 
 def length_feeds(batch: int, total: int) -> dict[str, np.ndarray]:

@@ -20,7 +20,7 @@ from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_t
 from tracker.measure.costmodel.step_split import StepSplit
 from tracker.measure.generation.binding import BoundDecoder, loop_step
 from tracker.measure.generation.decode_split import profile_steps
-from tracker.measure.generation.decoder import LOGITS, DecoderSession, Generation
+from tracker.measure.generation.decoder import DecoderSession, Generation
 from tracker.measure.generation.phase_timing import PhaseTiming, time_phase
 from tracker.measure.runtimes.ort_runtime import SessionConfig, profile_ort
 from tracker.measure.schema import Scope, phase_prefix, speedup_metrics
@@ -224,7 +224,7 @@ def measure_generation(
         config.check_positions(max_positions)
     decoder = DecoderSession.open(model, session)
     io_binding = session.decode_io_binding
-    vocab = _vocab_size(decoder)
+    vocab = decoder.vocab_size
     lens = config.phase_lens
     latencies: dict[str, dict[int, Latency]] = {PREFILL: {}, DECODE: {}}
     phase_feeds: dict[Phase, dict[str, np.ndarray]] = {}  # each phase's feeds at its length, for its roofline
@@ -320,14 +320,6 @@ def _decode_roofline(model, feeds: Mapping[str, np.ndarray], session: SessionCon
                           runs=runs, workdir=workdir)
     roofline = build_roofline(steps.profile.events, machine=machine, skip_runs=1, tokens_per_run=count_tokens(feeds))
     return roofline, steps.split(skip_runs=1)
-
-
-def _vocab_size(decoder: DecoderSession) -> int:
-    (logits,) = [o for o in decoder.session.get_outputs() if o.name == LOGITS]
-    vocab = logits.shape[-1]
-    if not isinstance(vocab, int):
-        raise ValueError(f"the logits' last dimension (the vocabulary) must be static, got {logits.shape}")
-    return vocab
 
 
 def _random_tokens(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
