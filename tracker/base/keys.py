@@ -34,11 +34,18 @@ TAG_UPLOADED_FROM = "tracker.uploaded_from"  # the outbox folder an uploaded att
 TAG_UPLOADED_LATER = "tracker.uploaded_later"  # a study run `tracker upload` finished
 TAG_NOT_LOGGED = "tracker.not_logged"  # parts of a run MLflow refused for their content, and why
 TAG_SUPERSEDED_BY = "tracker.superseded_by"  # a run replaced by its upload: `tracker compare` skips it
+# Where an attempt was measured on a cluster (`tracker.cluster`): the Ray node's id, and the node's hardware type
+# (its `tracker_node_type` label, else its CPU model). A local study sets neither; rows group by the node type.
+TAG_NODE = "tracker.node"
+TAG_NODE_TYPE = "tracker.node_type"
 
 # Values of the `tracker.role` tag.
 ROLE_STUDY = "study"  # a study's parent run
 ROLE_ATTEMPT = "attempt"  # one attempt, nested under its study
 ROLE_CANDIDATE = "candidate"  # a search's candidate timed on the screen only (the attempts are measured in full)
+# a node's own baseline on a cluster, timed again on every node that measures (the first one of a node type is that
+# type's baseline row; the others are kept out of the attempts table, like candidate runs)
+ROLE_NODE_BASELINE = "node_baseline"
 
 # The values of `tracker.status` and `tracker.verdict` are `Status` and `Verdict` (`tracker.base.vocabulary`).
 
