@@ -1,11 +1,12 @@
-"""`tracker compare`: a study's attempts read back from MLflow, as a table, a report and a CI gate."""
+"""`tracker compare`: a study's attempts read back from MLflow, as a table, a report and a CI gate; on a study
+measured on several node types, one row per (attempt, node type) and a best attempt per type."""
 
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,12 +32,17 @@ PASS_RULE = (
 
 @dataclass(frozen=True)
 class Comparison:
-    """Attempts to compare: from one study's parent run, or from any list of runs."""
+    """Attempts to compare: from one study's parent run, or from any list of runs.
+
+    `best_by_node_type` holds each node type's best attempt when the rows hold several node types (else it is
+    empty and `best` is the one to read).
+    """
 
     title: str
     rows: list[AttemptRow]
     best: str | None
     study_run_id: str | None = None
+    best_by_node_type: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -58,13 +64,14 @@ def load_comparison(
     """Reads the attempts from the active tracking store (call `store.connect.setup_tracking` first).
 
     Give exactly one of: `study_run_id`; `experiment` and `study` (the study's latest parent run);
-    `run_ids` (attempt runs, in the order to show them).
+    `run_ids` (attempt runs, in the order to show them). The rows are `rows.attempt_rows`': a node's repeated
+    baseline is left out, and rows of several node types are grouped by type.
 
     Raises:
         ValueError: not exactly one way of choosing the runs was given.
         TrackerError: the runs do not exist.
     """
-    from tracker.report.rows import pick_best
+    from tracker.report.rows import attempt_rows, pick_best
     from tracker.store import read
 
     ways = [study_run_id is not None, experiment is not None or study is not None, bool(run_ids)]
@@ -72,19 +79,39 @@ def load_comparison(
         raise ValueError("give a study run id, or an experiment and a study name, or a list of run ids")
     if run_ids:
         runs = read.fetch_runs(run_ids)
-        rows = [row_from_run(run) for run in runs]
+        rows = attempt_rows(row_from_run(run) for run in runs)
         studies = {r.tags.get(TAG_STUDY) for r in runs}
         title = f"Study {studies.pop()}" if len(studies) == 1 and None not in studies else "Selected runs"
-        return Comparison(title, rows, pick_best(rows))
+        return Comparison(title, rows, pick_best(rows), best_by_node_type=_node_type_bests(rows, {}))
     if study_run_id is None:
         assert experiment is not None and study is not None  # checked above: both are given
         study_run_id = read.find_study_run(experiment, study)
     parent, attempts = read.fetch_study_runs(study_run_id)
-    rows = [row_from_run(run) for run in attempts]
-    best = parent.tags.get(TAG_BEST)
-    best = pick_best(rows) if best is None else (None if best == NO_BEST else best)
+    rows = attempt_rows(row_from_run(run) for run in attempts)
+    best = _logged_best(parent.tags, TAG_BEST, rows)
     name = parent.tags.get(TAG_STUDY, parent.name)
-    return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id)
+    return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id,
+                      best_by_node_type=_node_type_bests(rows, parent.tags))
+
+
+def _logged_best(tags: dict[str, str], tag: str, rows: Sequence[AttemptRow]) -> str | None:
+    """The best attempt the study run's `tag` names, else (a run without its summary) `pick_best`'s of `rows`."""
+    from tracker.report.rows import pick_best
+
+    best = tags.get(tag)
+    return pick_best(rows) if best is None else (None if best == NO_BEST else best)
+
+
+def _node_type_bests(rows: Sequence[AttemptRow], tags: dict[str, str]) -> dict[str, str | None]:
+    """Each node type's best attempt when the rows hold several, as the study run's tags name them (else each
+    type's `pick_best`); empty for rows of one node type or none."""
+    from tracker.report.rows import node_type_groups, several_node_types
+    from tracker.report.scenarios import FORWARD, node_type_best_tag
+
+    if not several_node_types(rows):
+        return {}
+    return {t: _logged_best(tags, node_type_best_tag(FORWARD, t), group)
+            for t, group in node_type_groups(rows).items() if t is not None}
 
 
 def check_report_path(path: str | Path) -> Path:
@@ -137,15 +164,18 @@ def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Req
 
 
 def format_table(comparison: Comparison) -> str:
-    """The attempts as a plain-text table (`*` marks the best attempt), then a line on each attempt whose
-    speed-up is below what its measurement could detect, or whose measurement was disturbed."""
+    """The attempts as a plain-text table (`*` marks the best attempt; on several node types, each type's best
+    and a `node type` column), then a line on each attempt whose speed-up is below what its measurement could
+    detect, or whose measurement was disturbed."""
     from tracker.measure.timing.speedup import describe
     from tracker.report.rows import attempt_labels
 
-    head = ("", "attempt", "runtime", "verdict", "p50_ms", "speedup", "interval", "detects", "accuracy", "nodes",
-            "size_bytes", "status")
+    by_type = comparison.best_by_node_type
+    head = ("", "attempt", *(("node type",) if by_type else ()), "runtime", "verdict", "p50_ms", "speedup",
+            "interval", "detects", "accuracy", "nodes", "size_bytes", "status")
     lines, notes = [], []
-    for label, r in zip(attempt_labels(comparison.rows), comparison.rows):
+    names = attempt_labels(comparison.rows, with_node_type=False)
+    for name, label, r in zip(names, attempt_labels(comparison.rows), comparison.rows):
         accuracy = "-" if r.diff_passed is None else (
             f"{'passed' if r.diff_passed else 'FAILED'} (max {r.diff_max_abs:.2g}{_nonfinite(r)})")
         if r.top1_agreement is not None:
@@ -162,8 +192,9 @@ def format_table(comparison: Comparison) -> str:
                          "its figures are not reliable, measure it again on a quiet machine")
         if r.verdict in ("same", "inconclusive") and not r.failed:
             notes.append(f"note: {label}: {describe(r.speedup, r.speedup_mde, r.verdict)}")
+        best = by_type.get(r.node_type or "") if by_type else comparison.best
         lines.append((
-            "*" if r.attempt == comparison.best else "", label, r.runtime or "-",
+            "*" if r.attempt == best else "", name, *((r.node_type or "-",) if by_type else ()), r.runtime or "-",
             ("failed" if r.failed else r.verdict) or "-", _fmt(r.p50_ms, ".4f"), _fmt(r.speedup, ".3f"),
             interval, detects, accuracy, _fmt(r.node_count, "d"), _fmt(r.size_bytes, ",d"), status,
         ))
@@ -173,28 +204,29 @@ def format_table(comparison: Comparison) -> str:
         "  ".join(c.rjust(w) if h in numeric else c.ljust(w) for h, c, w in zip(head, line, widths)).rstrip()
         for line in (head, *lines)
     ]
-    best = comparison.best or "none (no attempt passed)"
+    best = f"best: {comparison.best or 'none (no attempt passed)'}" if not by_type else "best per node type: " + (
+        "; ".join(f"{t}: {b or 'none passed'}" for t, b in by_type.items()))
     run = f" (run {comparison.study_run_id})" if comparison.study_run_id else ""
-    return (f"{comparison.title}{run}: {len(comparison.rows)} attempts, best: {best}\n" + "\n".join(text)
+    return (f"{comparison.title}{run}: {len(comparison.rows)} attempts, {best}\n" + "\n".join(text)
             + "".join(f"\n{note}" for note in notes) + "".join(f"\n{line}" for line in _scenario_lines(comparison)))
 
 
 def _scenario_lines(comparison: Comparison) -> list[str]:
     """A line per generation phase naming its best attempt and speed-up, when the attempts have generation
     figures (`tracker.report.scenarios`)."""
+    from tracker.report.rows import NODE_TYPE
     from tracker.report.scenarios import FORWARD, scenarios_table
 
     table = scenarios_table(comparison.rows)
-    if len(table) == 1:  # forward only: its best is the table's
-        return []
     lines = []
     for row in table.to_dict("records"):
-        if row["scenario"] == FORWARD:
+        if row["scenario"] == FORWARD:  # its best is the table's
             continue
         speedup = "" if row["speedup"] is None or row["best"] == "baseline" else (
             f" {row['speedup']:.3f}x [{row['speedup_ci_low']:.3f}, {row['speedup_ci_high']:.3f}]")
         roof = f", bound by {row['roof']}" if row["roof"] else ""
-        lines.append(f"{row['scenario']} ({row['measured']}): best {row['best'] or 'none'}{speedup}{roof}")
+        where = f" on {row[NODE_TYPE]}" if NODE_TYPE in row else ""
+        lines.append(f"{row['scenario']}{where} ({row['measured']}): best {row['best'] or 'none'}{speedup}{roof}")
     return lines
 
 
@@ -203,10 +235,12 @@ def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict
     from tracker.report.rows import attempts_table
 
     attempts = attempts_table(comparison.rows, best=comparison.best)
+    by_type = {"best_by_node_type": comparison.best_by_node_type} if comparison.best_by_node_type else {}
     return {
         "title": comparison.title,
         "study_run_id": comparison.study_run_id,
         "best": comparison.best,
+        **by_type,
         "attempts": [{k: _json_value(v) for k, v in row.items()} for row in attempts.to_dict("records")],
         "require": [{"name": q.name, "passed": q.passed, "reason": q.reason} for q in requirements],
         "passed": all(q.passed for q in requirements),
@@ -220,13 +254,14 @@ def _nonfinite(row: AttemptRow) -> str:
 
 
 def _failure(row: AttemptRow) -> str | None:
+    name = f"{row.attempt} on {row.node_type}" if row.node_type else row.attempt
     if row.failed:
-        return f"{row.attempt} failed: {row.error or row.status}"
+        return f"{name} failed: {row.error or row.status}"
     if row.verdict == "rejected" or row.diff_passed is False:
-        return (f"{row.attempt} was rejected: its accuracy check failed (max |diff| {_fmt(row.diff_max_abs, '.3g')}"
+        return (f"{name} was rejected: its accuracy check failed (max |diff| {_fmt(row.diff_max_abs, '.3g')}"
                 f"{_nonfinite(row)})")
     if row.diff_passed is None:
-        return f"{row.attempt} has no accuracy check (no diff.passed metric)"
+        return f"{name} has no accuracy check (no diff.passed metric)"
     return None
 
 

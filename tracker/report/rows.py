@@ -1,6 +1,6 @@
 """A study's attempts as rows (`AttemptRow`, built by `row_from_content` from what a run holds, live or read
-back), the rules behind them (status, baseline, speed-ups, best attempt), and the report's tables (op type x
-attempt)."""
+back), the rules behind them (status, baseline, speed-ups, best attempt, per node type on a cluster), and the
+report's tables (op type x attempt)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,16 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from tracker.base.keys import TAG_DISTURBED, TAG_ERROR, TAG_STATUS, TAG_VERDICT
+from tracker.base.keys import (
+    ROLE_NODE_BASELINE,
+    TAG_DISTURBED,
+    TAG_ERROR,
+    TAG_NODE,
+    TAG_NODE_TYPE,
+    TAG_ROLE,
+    TAG_STATUS,
+    TAG_VERDICT,
+)
 from tracker.base.vocabulary import Phase, RunStatus, Status, Verdict
 from tracker.measure import schema
 from tracker.measure.graph_stats import DELTA
@@ -46,6 +55,10 @@ RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
                    SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, COSINE, SIZE_BYTES,
                    NODE_COUNT, ERROR, RUN_ID)
+# Where each attempt ran on a cluster: columns the table has after ATTEMPT only when its rows hold several node
+# types (`several_node_types`); a local study, or a cluster of one node type, has the columns above alone.
+NODE_TYPE = "node_type"  # the `tracker.node_type` tag
+NODE = "node"  # the `tracker.node` tag: the Ray node's id
 
 TABLES = ("attempts", "ops_by_attempt", "graph_changes_by_attempt")
 
@@ -60,7 +73,8 @@ class AttemptRow:
     decode), typed (`tracker.measure.schema.ScenarioFigures`). `ops_by_op` is the attempt's per-op-type summary
     (`tracker.profile.columns.SUMMARY_COLUMNS`, warm-up runs dropped) and `graph_diff` its node counts against its
     baseline (`graph_stats.diff_graphs`); either is None when the attempt has none (it failed, or the run predates
-    them).
+    them). `node` and `node_type` say where it was measured on a cluster (None on a local study); `node_baseline`
+    marks a node's own baseline that another node of its type already gave that type's row (`attempt_rows`).
     """
 
     attempt: str
@@ -83,6 +97,9 @@ class AttemptRow:
     node_count: int | None = None
     error: str | None = None
     run_id: str | None = None
+    node: str | None = None
+    node_type: str | None = None
+    node_baseline: bool = False
     ops_by_op: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     graph_diff: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     phases: Mapping[Phase, ScenarioFigures] = field(default_factory=dict, repr=False, compare=False)
@@ -132,6 +149,9 @@ def row_from_content(
         node_count=_int(metrics.get(schema.NODE_COUNT)),
         error=tags.get(TAG_ERROR) or (f"run {run_status}" if crashed else None),
         run_id=run_id,
+        node=tags.get(TAG_NODE) or None,
+        node_type=tags.get(TAG_NODE_TYPE) or None,
+        node_baseline=tags.get(TAG_ROLE) == ROLE_NODE_BASELINE,
         ops_by_op=tables.get("ops_by_op"),
         graph_diff=tables.get("graph_diff"),
         phases=schema.read_phases(metrics) if not crashed else {},
@@ -173,13 +193,48 @@ def speedup_vs_baseline(p50_ms: float | None, baseline_p50_ms: float | None) -> 
 
 
 def study_counts(rows: Sequence[AttemptRow]) -> dict[str, float]:
-    """The study run's `study.attempts` and `study.failed` metrics, from its rows."""
+    """The study run's `study.attempts` and `study.failed` metrics, from its rows (`attempt_rows`')."""
+    rows = attempt_rows(rows)
     return {"study.attempts": len(rows), "study.failed": sum(r.failed for r in rows)}
 
 
+def attempt_rows(rows: Iterable[AttemptRow]) -> list[AttemptRow]:
+    """The rows that stand for attempts, in the order to show them: a node's repeated baseline (`node_baseline`)
+    left out, as a search's candidate runs are; on a study over several node types, grouped by node type (in the
+    order the types first appear, rows without one last), study order within each. The one order and filter
+    behind the report, `tracker compare` and the study's counts."""
+    kept = [r for r in rows if not r.node_baseline]
+    if not several_node_types(kept):
+        return kept
+    return [r for rows_of_type in node_type_groups(kept).values() for r in rows_of_type]
+
+
+def node_type_groups(rows: Iterable[AttemptRow]) -> dict[str | None, list[AttemptRow]]:
+    """The rows by node type (None: rows without one, e.g. an attempt that failed before it reached a node), in
+    the order the types first appear, None last."""
+    groups: dict[str | None, list[AttemptRow]] = {}
+    for r in rows:
+        groups.setdefault(r.node_type, []).append(r)
+    if None in groups:
+        groups[None] = groups.pop(None)
+    return groups
+
+
+def several_node_types(rows: Iterable[AttemptRow]) -> bool:
+    """Whether the rows were measured on more than one node type: then each type has its own baseline, best
+    attempt and rows, and no speed-up is compared across types."""
+    return len({r.node_type for r in rows} - {None}) > 1
+
+
 def pick_best(rows: Iterable[AttemptRow]) -> str | None:
-    """The attempt to ship among report rows (see `best_attempt`)."""
-    return best_attempt((r.attempt, r.verdict, r.speedup) for r in rows)
+    """The attempt to ship among report rows (see `best_attempt`); a node's repeated baseline is no candidate."""
+    return best_attempt((r.attempt, r.verdict, r.speedup) for r in rows if not r.node_baseline)
+
+
+def best_by_node_type(rows: Iterable[AttemptRow]) -> dict[str, str | None]:
+    """Each node type's best attempt (`pick_best` over that type's rows: its speed-ups are against its own
+    baseline), by node type; empty when no row has one (a local study)."""
+    return {t: pick_best(group) for t, group in node_type_groups(rows).items() if t is not None}
 
 
 def best_attempt(candidates: Iterable[tuple[str, str | None, float | None]]) -> str | None:
@@ -198,9 +253,20 @@ def best_attempt(candidates: Iterable[tuple[str, str | None, float | None]]) -> 
 
 
 def attempts_table(rows: Sequence[AttemptRow], *, best: str | None = None) -> pd.DataFrame:
-    """One row per attempt, columns `ATTEMPT_COLUMNS` (`best` marks the attempt named `best`)."""
-    records = [{c: getattr(r, c) for c in ATTEMPT_COLUMNS if c != BEST} | {BEST: r.attempt == best} for r in rows]
-    table = pd.DataFrame(records, columns=list(ATTEMPT_COLUMNS))
+    """One row per attempt, columns `ATTEMPT_COLUMNS` (`best` marks the attempt named `best`).
+
+    On rows of several node types, one row per (attempt, node type): `NODE_TYPE` and `NODE` follow `ATTEMPT`, and
+    `best` marks each type's best (`best_by_node_type`) instead of the attempt named `best`.
+    """
+    columns = list(ATTEMPT_COLUMNS)
+    if several_node_types(rows):
+        per_type = best_by_node_type(rows)
+        flags = [r.node_type is not None and r.attempt == per_type[r.node_type] for r in rows]
+        columns[1:1] = [NODE_TYPE, NODE]
+    else:
+        flags = [r.attempt == best for r in rows]
+    records = [{c: getattr(r, c) for c in columns if c != BEST} | {BEST: flag} for r, flag in zip(rows, flags)]
+    table = pd.DataFrame(records, columns=columns)
     return table.astype({SIZE_BYTES: "Int64", NODE_COUNT: "Int64"})
 
 
@@ -234,11 +300,17 @@ def report_tables(rows: Sequence[AttemptRow], *, best: str | None) -> dict[str, 
             "graph_changes_by_attempt": graph_changes_by_attempt(rows)}
 
 
-def attempt_labels(rows: Sequence[AttemptRow]) -> list[str]:
-    """Column labels of the attempts: their names, made unique with the run id when names repeat."""
-    names = [r.attempt for r in rows]
-    return [n if names.count(n) == 1 else f"{n} ({(r.run_id or str(i))[:8]})"
-            for i, (n, r) in enumerate(zip(names, rows))]
+def attempt_labels(rows: Sequence[AttemptRow], *, with_node_type: bool = True) -> list[str]:
+    """Column labels of the attempts: their names, made unique with the run id when a name repeats (on one node
+    type, when the rows hold several: there each label ends with its node type, `int8 @ m5`, unless
+    `with_node_type` is False because a column beside it says the type)."""
+    several = several_node_types(rows)
+    keys = [(r.node_type if several else None, r.attempt) for r in rows]
+    labels = [r.attempt if keys.count(k) == 1 else f"{r.attempt} ({(r.run_id or str(i))[:8]})"
+              for i, (k, r) in enumerate(zip(keys, rows))]
+    if not (several and with_node_type):
+        return labels
+    return [f"{label} @ {r.node_type}" if r.node_type else label for label, r in zip(labels, rows)]
 
 
 def _wide(columns: Mapping[str, pd.Series], *, sort_by) -> pd.DataFrame:

@@ -1,7 +1,7 @@
 """A study's scenarios side by side: forward (one pass over the study's feeds: the attempts' own speed-up and
 check), and the generation scenario's two phases, prefill (the prompt pass) and decode (one token against a past),
 from the rows' typed figures (`AttemptRow.phases`). For each: the best attempt, and the roof the phase's time sits
-under."""
+under; on a study over several node types, for each node type."""
 
 from __future__ import annotations
 
@@ -10,13 +10,21 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from tracker.base.keys import NO_BEST, TAG_BEST
+from tracker.base.keys import NO_BEST, TAG_BEST, sanitize_key
 from tracker.base.vocabulary import GENERATION_PHASES, Phase, Verdict
 from tracker.measure.costmodel import roofline as R
 from tracker.measure.costmodel.step_split import StepSplit
 from tracker.measure.schema import ScenarioFigures
 from tracker.measure.timing.speedup import BASELINE_SPEEDUP, Speedup, judge
-from tracker.report.rows import AttemptRow, attempt_labels, best_attempt, pick_best
+from tracker.report.rows import (
+    NODE_TYPE,
+    AttemptRow,
+    attempt_labels,
+    best_attempt,
+    node_type_groups,
+    pick_best,
+    several_node_types,
+)
 
 FORWARD, PREFILL, DECODE = Phase.FORWARD, Phase.PREFILL, Phase.DECODE
 PHASES = GENERATION_PHASES
@@ -28,6 +36,13 @@ def best_tag(scenario: str) -> str:
     """The study run's tag naming a scenario's best attempt: `tracker.best_attempt` for forward (the study's
     best), `tracker.best_attempt.prefill`, `tracker.best_attempt.decode`."""
     return TAG_BEST if scenario == FORWARD else f"{TAG_BEST}.{scenario}"
+
+
+def node_type_best_tag(scenario: str, node_type: str) -> str:
+    """The study run's tag naming a scenario's best attempt on one node type, when it ran on several:
+    `tracker.best_attempt.node_type.<type>`, `tracker.best_attempt.decode.node_type.<type>`; a type MLflow would
+    refuse in a key (`Xeon(R) 8480+`) is sanitized (`tracker.base.keys.sanitize_key`)."""
+    return sanitize_key(f"{best_tag(scenario)}.node_type.{node_type}")
 
 
 @dataclass(frozen=True)
@@ -77,8 +92,21 @@ def scenario_bests(rows: Sequence[AttemptRow]) -> dict[Phase, str | None]:
 
 
 def scenario_tags(rows: Sequence[AttemptRow]) -> dict[str, str]:
-    """The study run's tags naming each generation phase's best attempt (forward's is `log_study_summary`'s)."""
-    return {best_tag(s): best or NO_BEST for s, best in scenario_bests(rows).items() if s != FORWARD}
+    """The study run's tags naming each generation phase's best attempt (forward's is `log_study_summary`'s), and
+    on rows of several node types each scenario's best on each type (`node_type_best_tag`): the overall tags stay
+    the overall rule's answer, the per-type ones are the answers to read there."""
+    tags = {best_tag(s): best or NO_BEST for s, best in scenario_bests(rows).items() if s != FORWARD}
+    for node_type, bests in node_type_bests(rows).items():
+        tags |= {node_type_best_tag(s, node_type): best or NO_BEST for s, best in bests.items()}
+    return tags
+
+
+def node_type_bests(rows: Sequence[AttemptRow]) -> dict[str, dict[Phase, str | None]]:
+    """Each node type's `scenario_bests`, from its own rows (its speed-ups are against its own baseline), when the
+    rows hold several node types; else empty (a local study, or a cluster of one node type)."""
+    if not several_node_types(rows):
+        return {}
+    return {t: scenario_bests(group) for t, group in node_type_groups(rows).items() if t is not None}
 
 
 # --- the report's section ---------------------------------------------------------------------------------------
@@ -90,7 +118,10 @@ SCENARIO_COLUMNS = ("scenario", "measured", "best", "speedup", "speedup_ci_low",
 
 
 def generation_table(rows: Sequence[AttemptRow]) -> pd.DataFrame:
-    """One row per attempt and phase (`GENERATION_COLUMNS`), attempts in study order."""
+    """One row per attempt and phase (`GENERATION_COLUMNS`), attempts in study order; on rows of several node
+    types, one table per type (`NODE_TYPE` first)."""
+    if several_node_types(rows):
+        return _per_node_type(rows, generation_table)
     records = []
     for phase in PHASES:
         for f in (phase_figures(r, phase) for r in rows):
@@ -107,7 +138,10 @@ def generation_table(rows: Sequence[AttemptRow]) -> pd.DataFrame:
 def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, R.Roofline] | None = None
                     ) -> pd.DataFrame:
     """One row per scenario (`SCENARIO_COLUMNS`): what it measures, its best attempt, the best's speed-up and the
-    roof of the best's time (the forward roof from `forward_rooflines`, by attempt name)."""
+    roof of the best's time (the forward roof from `forward_rooflines`, by attempt name). On rows of several node
+    types, one table per type (`NODE_TYPE` first)."""
+    if several_node_types(rows):
+        return _per_node_type(rows, lambda group: scenarios_table(group, forward_rooflines))
     bests = scenario_bests(rows)
     by_name = {r.attempt: r for r in rows}
     records = []
@@ -136,6 +170,14 @@ def scenarios_table(rows: Sequence[AttemptRow], forward_rooflines: Mapping[str, 
     return pd.DataFrame(records, columns=list(SCENARIO_COLUMNS))
 
 
+def _per_node_type(rows: Sequence[AttemptRow], table) -> pd.DataFrame:
+    """`table` of each node type's rows, one after the other, with the type as first column (`NODE_TYPE`). Rows
+    without a node type (attempts that failed before they reached one) have no figures to show there."""
+    parts = [table(group).assign(**{NODE_TYPE: t}) for t, group in node_type_groups(rows).items() if t is not None]
+    whole = pd.concat([p for p in parts if not p.empty] or parts[:1], ignore_index=True)
+    return whole[[NODE_TYPE, *(c for c in whole.columns if c != NODE_TYPE)]]
+
+
 def roof_sentences(scenarios: pd.DataFrame) -> list[str]:
     """One plain-text sentence per scenario of `scenarios_table` whose roof is known: its best attempt, the roof,
     and where the matrix products run against it."""
@@ -143,7 +185,8 @@ def roof_sentences(scenarios: pd.DataFrame) -> list[str]:
     for row in scenarios.to_dict("records"):
         if row["roof"] is None or pd.isna(row["matmul_pct_peak"]):
             continue
-        out.append(f"{row['scenario'].capitalize()} ({row['measured']}, {row['best']}): bound by {row['roof']}; "
+        where = f"On {row[NODE_TYPE]}: " if NODE_TYPE in row else ""
+        out.append(f"{where}{row['scenario'].capitalize()} ({row['measured']}, {row['best']}): bound by {row['roof']}; "
                    f"the matrix products run at {row['matmul_flop_per_byte']:.3g} FLOP per byte, "
                    f"{row['matmul_pct_peak']:.0f} % of the roof there.")
     return out

@@ -24,6 +24,7 @@ from tracker.report.rows import (
     DISTURBED,
     ERROR,
     NODE_COUNT,
+    NODE_TYPE,
     OP_TYPE,
     P50_MS,
     RUNTIME,
@@ -37,6 +38,8 @@ from tracker.report.rows import (
     VERDICT,
     AttemptRow,
     attempt_labels,
+    attempt_rows,
+    best_by_node_type,
     report_tables,
 )
 from tracker.report.scenarios import SPLIT_NOTE, decode_splits, generation_table, roof_sentences, scenarios_table
@@ -72,7 +75,11 @@ def build_study_report(
         rooflines: the attempts' rooflines by attempt name: a roofline section with their main op types.
         phase_rooflines: the generation phases' rooflines by attempt name and phase: drawn in the scenarios
             section, which the report has when some row has generation figures (`tracker.report.scenarios`).
+
+    The rows shown are `attempt_rows`': on a study over several node types, one per (attempt, node type), and the
+    best of each type (`best_by_node_type`) is marked instead of `best`.
     """
+    rows = attempt_rows(rows)
     tables = report_tables(rows, best=best)
     scenario_parts, scenario_tables = _scenario_parts(rows, rooflines or {}, phase_rooflines or {})
     path = _write(rows, tables, Path(folder) / "study_report.html", title=f"Study {study}", best=best,
@@ -84,7 +91,7 @@ def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, be
     """Writes the report as one HTML page that renders offline (plotly.js inlined once, no CDN).
 
     Args:
-        rows: the attempts, in the order to show them.
+        rows: the attempts, in the order to show them (`attempt_rows`' order and filter apply).
         path: the file to write; missing parent directories are created.
         title: the page's title and heading.
         best: the attempt to highlight (see `rows.pick_best`), or None.
@@ -95,6 +102,7 @@ def write_report(rows: Sequence[AttemptRow], path: str | Path, *, title: str, be
     Raises:
         ValueError: the file or its folder cannot be written.
     """
+    rows = attempt_rows(rows)
     try:
         return _write(rows, report_tables(rows, best=best), Path(path), title=title, best=best)
     except OSError as e:  # a folder that cannot be created or written: a clear error, not a traceback
@@ -109,7 +117,9 @@ def _write(rows: Sequence[AttemptRow], tables: Mapping[str, pd.DataFrame], path:
     figures = [_speedup_chart(tables["attempts"], labels)]
     if tables["ops_by_attempt"].shape[1] > 1:
         figures.append(_ops_chart(tables["ops_by_attempt"]))
-    parts = _parts(tables, labels, figures, best=best) + list(extra_parts) + _roofline_parts(rooflines or {})
+    names = attempt_labels(rows, with_node_type=False)
+    parts = _parts(tables, labels, figures, _headline(rows, tables["attempts"], best), names) + list(extra_parts)
+    parts += _roofline_parts(rooflines or {})
     return write_page(path, title=title, parts=parts, css=_CSS)
 
 
@@ -265,24 +275,35 @@ _VERDICT_MEANING = {
 }
 
 
+def _headline(rows: Sequence[AttemptRow], attempts: pd.DataFrame, best: str | None) -> str:
+    """The best attempt in a sentence; on a study over several node types, the best of each type."""
+    if NODE_TYPE in attempts:
+        bests = "; ".join(f"on {_e(t)}: <b>{_e(b)}</b>" if b else f"on {_e(t)}: none passed"
+                          for t, b in best_by_node_type(rows).items())
+        return (f"Best attempt per node type ({bests}). Each node type's attempts are timed against its own "
+                "baseline: compare rows within a node type, never across types.")
+    best_verdict = attempts.loc[attempts[BEST], VERDICT].iloc[0] if attempts[BEST].any() else None
+    if best is None:
+        return "No attempt passed: there is no baseline to ship."
+    if best_verdict == Verdict.BASELINE:
+        return f"Best attempt: <b>{_e(best)}</b> (a baseline: no attempt was faster beyond the noise)."
+    return f"Best attempt: <b>{_e(best)}</b>, the largest speed-up among the attempts that are better."
+
+
 def _parts(tables: Mapping[str, pd.DataFrame], labels: Sequence[str], figures: Sequence[go.Figure],
-           *, best: str | None) -> list[str | go.Figure]:
+           headline: str, names: Sequence[str]) -> list[str | go.Figure]:
+    """The page's parts; `labels` name the attempts in the charts and wide tables, `names` in the attempts table
+    (without the node type, which has its own column there)."""
     attempts = tables["attempts"]
     verdicts = {label: (Status.FAILED if s == Status.FAILED else v or "unknown")
                 for label, v, s in zip(labels, attempts[VERDICT], attempts[STATUS])}
-    best_verdict = attempts.loc[attempts[BEST], VERDICT].iloc[0] if attempts[BEST].any() else None
-    if best is None:
-        headline = "No attempt passed: there is no baseline to ship."
-    elif best_verdict == Verdict.BASELINE:
-        headline = f"Best attempt: <b>{_e(best)}</b> (a baseline: no attempt was faster beyond the noise)."
-    else:
-        headline = f"Best attempt: <b>{_e(best)}</b>, the largest speed-up among the attempts that are better."
+    best = {label for label, flag in zip(labels, attempts[BEST]) if flag}
     legend = " ".join(f'<span class="verdict v-{v}">{v}</span> {_e(m)}&nbsp;&nbsp;'
                       for v, m in _VERDICT_MEANING.items())
     graph = tables["graph_changes_by_attempt"]
     return [
         f"<p>{headline}</p>",
-        "<h2>Attempts</h2>", _attempts_html(attempts, labels),
+        "<h2>Attempts</h2>", _attempts_html(attempts, names),
         f'<p class="legend">{legend}<br>{_TIMING_NOTE}</p>',
         figures[0],
         "<h2>Time per op type (profiled µs per run)</h2>",
@@ -295,8 +316,9 @@ def _parts(tables: Mapping[str, pd.DataFrame], labels: Sequence[str], figures: S
 
 
 def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
-    head = ("attempt", "runtime", "verdict", "p50 latency", "speed-up [interval]", "accuracy check",
-            "nodes", "size", "status")
+    by_type = NODE_TYPE in attempts  # a study over several node types: where each row was measured
+    head = ("attempt", *(("node type",) if by_type else ()), "runtime", "verdict", "p50 latency",
+            "speed-up [interval]", "accuracy check", "nodes", "size", "status")
     body = []
     for label, row in zip(labels, attempts.to_dict("records")):
         failed = row[STATUS] == "failed"
@@ -320,7 +342,9 @@ def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
                 accuracy += f", cosine &ge; {row[COSINE]:.4f}"
         else:
             accuracy = _NA
-        cells = [("&#9733; " if row[BEST] else "") + _e(label), _e(row[RUNTIME]) if _present(row[RUNTIME]) else "",
+        where = [_e(row[NODE_TYPE]) if _present(row[NODE_TYPE]) else _NA] if by_type else []
+        cells = [("&#9733; " if row[BEST] else "") + _e(label), *where,
+                 _e(row[RUNTIME]) if _present(row[RUNTIME]) else "",
                  badge, f"{_num(row[P50_MS], '.3f')} ms" if _present(row[P50_MS]) else _NA, speedup, accuracy,
                  _num(row[NODE_COUNT], ".0f"), _bytes(row[SIZE_BYTES])]
         status = (f'<td class="error">{_e(str(row[ERROR] or "failed")[:300])}</td>' if failed
@@ -330,9 +354,9 @@ def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
     return _table(head, body, classes=None)
 
 
-def _wide_html(table: pd.DataFrame, verdicts: Mapping[str, str], best: str | None, *, fmt, total: bool) -> str:
+def _wide_html(table: pd.DataFrame, verdicts: Mapping[str, str], best: set[str], *, fmt, total: bool) -> str:
     labels = [c for c in table.columns if c != OP_TYPE]
-    head = ["op type", *[("&#9733; " if label == best else "") + _e(label) for label in labels]]
+    head = ["op type", *[("&#9733; " if label in best else "") + _e(label) for label in labels]]
     classes = ["", *[f"v-{verdicts.get(label, 'unknown')}" for label in labels]]
     body = [f"<tr><td>{_e(op)}</td>" + "".join(f"<td>{fmt(v) if _present(v) else _NA}</td>" for v in values)
             + "</tr>" for op, values in zip(table[OP_TYPE], table[labels].to_numpy(dtype=float))]
