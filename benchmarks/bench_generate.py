@@ -2,8 +2,9 @@
 
 onnxruntime-genai's model builder writes the folder as int4 and fp32 CPU models, and its generator (`og.Generator`,
 greedy) generates with them; this project's decode-ready export of the same folder generates with `DecoderSession`,
-as the study's baseline (fp32) and best attempt (`int4_block32` applied to the export), and once more through IO
-binding (`BoundDecoder`: the KV cache in buffers allocated once). Every engine gets the same prompts and lengths, in
+as the study's baseline (fp32), as `int4_block32` applied to the export, and as the best chain (`BEST`: fused
+GroupQueryAttention with rotary over packed q/k/v, int4) decoding through IO binding (`BoundDecoder`: one KV buffer
+per tensor, allocated once). Every engine gets the same prompts and lengths, in
 one run, in turn (round-robin), and greedy decoding: prefill tokens per second (the prompt pass and the first token),
 decode tokens per second (each later token: one step against the KV cache) and the ratio to genai's int4. Prints the
 table, the greedy tokens' agreement between engines of one precision, and the op types of the graphs. Asserts nothing.
@@ -37,7 +38,7 @@ import onnx
 from tracker.measure.costmodel.step_split import StepSplit
 from tracker.measure.generation.binding import BoundDecoder
 from tracker.measure.generation.decode_split import numpy_step, profile_steps
-from tracker.measure.generation.decoder import DecoderSession
+from tracker.measure.generation.decoder import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, DecoderSession
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 
 INSTALL = "onnxruntime-genai is not installed: pip install -e '.[genai]' (or pip install 'onnxruntime-genai>=0.18,<0.19')"
@@ -49,6 +50,10 @@ SEEDED = {"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1376,
 # Pause between two engines' generations: ORT's intra-op threads spin a while after a run (the default, which every
 # session here keeps); the pause lets one session's spinning end before another's run starts.
 PAUSE_S = 0.05
+# The study's best decode chain (as the GPT-2 study's DECODE_ATTEMPTS), decoded through IO binding: attention fused,
+# then, on LLaMA-family graphs, one GroupQueryAttention per layer with its rotary positions and packed q/k/v
+# (`optimize/attention/rotary_gqa`), then int4 weights.
+BEST = "attention_fused+shared_kv+int4_block32"
 
 
 @dataclass(frozen=True)
@@ -191,11 +196,11 @@ class Prepared:
 
 
 def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepared:
-    """Builds genai's int4 and fp32 models of `folder`, this project's decode-ready export and its `int4_block32`, and
-    opens an engine on each."""
+    """Builds genai's int4 and fp32 models of `folder`, this project's decode-ready export, its `int4_block32` and
+    its `BEST` chain, and opens an engine on each."""
     from tracker.gpt2.decode import export_decoder
     from tracker.gpt2.model import load_lm
-    from tracker.optimize import REGISTRY, Context, ModelInfo
+    from tracker.optimize import Context, ModelInfo, get_entry
 
     loaded = load_lm(model=str(folder))
     if capacity > loaded.max_positions:
@@ -206,18 +211,21 @@ def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepare
     info, vocab_size = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size), loaded.vocab_size
     del loaded  # the PyTorch weights are not needed while timing
     seconds["tracker baseline (export)"] = time.perf_counter() - start
-    start = time.perf_counter()
-    best = REGISTRY["int4_block32"](baseline, work / "tracker" / "int4", Context(info=info),
-                                    graph=onnx.load(str(baseline), load_external_data=False))
-    seconds["tracker best (int4_block32)"] = time.perf_counter() - start
+    made = {}
+    for label, spec in (("int4", "int4_block32"), ("best", BEST)):
+        start = time.perf_counter()
+        made[label] = get_entry(spec)(baseline, work / "tracker" / label, Context(info=info),
+                                      graph=onnx.load(str(baseline), load_external_data=False))
+        seconds[f"tracker {label} ({spec})"] = time.perf_counter() - start
     plain = SessionConfig(intra_op_num_threads=threads)
+    int4, best = made["int4"], made["best"]
     session = best.session_on(plain)
     engines = {
         "genai int4": genai_engine(work / "genai-int4", threads),
         "genai fp32": genai_engine(work / "genai-fp32", threads),
         "tracker baseline": tracker_engine(baseline, plain, io_binding=False, capacity=capacity),
-        "tracker best": tracker_engine(best.path, session, io_binding=False, capacity=capacity),
-        "tracker best + IO binding": tracker_engine(best.path, session, io_binding=True, capacity=capacity),
+        "tracker int4": tracker_engine(int4.path, int4.session_on(plain), io_binding=False, capacity=capacity),
+        "tracker best": tracker_engine(best.path, session, io_binding=True, capacity=capacity),
     }
     graphs = {"genai int4": genai_model_file(work / "genai-int4"), "tracker best": best.path}
     return Prepared(engines, graphs, session, vocab_size, seconds)
@@ -231,8 +239,7 @@ def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int)
         prefill, decode = rates(runs, prompt_len, new_tokens)
         print(f"| {name} | {prefill:,.0f} | {decode:,.1f} | {1e3 / decode:.2f} | {decode / reference:.2f}x |")
     first = {name: runs[0].tokens for name, runs in timed.items()}
-    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker best"),
-                 ("tracker best", "tracker best + IO binding")):
+    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("tracker int4", "tracker best")):
         same = first[a] == first[b]
         where = "-" if same.all() else int(np.argmax(~same))
         print(f"greedy tokens, {a} vs {b}: {same.mean():.0%} equal (first difference at {where})")
@@ -245,8 +252,10 @@ def print_splits(prepared: Prepared, work: Path, *, past_len: int, seed: int) ->
     context = np.random.default_rng(seed).integers(3, prepared.vocab_size, size=(1, past_len), dtype=np.int64)
     _, past = decoder.prefill(context)
     feeds = decoder.feeds(context[:, -1:], past)
+    # genai's attention reads the lengths from its mask, not from the inputs `shared_kv` adds
+    genai = {name: value for name, value in feeds.items() if name not in (SEQLENS_K, TOTAL_SEQUENCE_LENGTH)}
     mask = {"attention_mask": np.ones((1, past_len + 1), dtype=np.int64)}
-    splits = decode_splits(prepared.graphs, {"genai int4": {**feeds, **mask}, "tracker best": feeds},
+    splits = decode_splits(prepared.graphs, {"genai int4": {**genai, **mask}, "tracker best": feeds},
                            prepared.session, work / "split")
     print(f"one decode step after a past of {past_len}, profiled (profiling adds ~10 us per kernel), ms per step:")
     print("| part | " + " | ".join(splits) + " | difference |")

@@ -135,6 +135,8 @@ def export_decoder(
             verbose=False,
         )
         assert program is not None  # dynamo=True returns the program
+        # The rotary tables `shared_kv` writes for LLaMA-family attention need as many rows as the model has positions.
+        program.model.metadata_props["max_positions"] = str(n_positions)
         program.save(path, external_data=False)
     seconds = time.perf_counter() - start
     result = DecoderExport(path=path, opset=opset, seconds=seconds, n_layer=n_layer, num_heads=loaded.num_heads,

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize import (
-    add_eyelike,
-    attention_fusion,
-    fp16,
-    ort_optimizer,
-    session_levels,
-    session_options,
-    shared_kv,
-)
+from tracker.optimize import add_eyelike, fp16, ort_optimizer, session_levels, session_options
+from tracker.optimize.attention import fusion as attention_fusion
+from tracker.optimize.attention import shared_kv
 from tracker.optimize.base import Candidate, Context, ModelInfo
 from tracker.optimize.chain import SEPARATOR, Chain
 from tracker.optimize.entry import KINDS, Entry, EntryError

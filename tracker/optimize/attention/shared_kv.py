@@ -8,6 +8,10 @@ given apart (`seqlens_k`, `total_sequence_length`); when the decode loop binds p
 `MultiHeadAttention` into a `GroupQueryAttention` (causal, as the decoder's own mask is: its mask input is dropped), and
 makes the graph read the past's length from `total_sequence_length` instead of the past's shape, so positions stay
 right when the past is a larger buffer. The model gains the two inputs; `DecoderSession` feeds them.
+
+A LLaMA-family graph, where onnxscript fuses the attention without its past (the past concatenated and the rotary
+positions applied outside), gets one GroupQueryAttention per layer that does both, over one packed q/k/v product
+(`rotary_gqa`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from onnx import TensorProto, helper
 
 from tracker.base.vocabulary import Kind
 from tracker.measure.generation.decoder import SEQLENS_K, TOTAL_SEQUENCE_LENGTH
+from tracker.optimize.attention.rotary_gqa import rewrite_rotary_layers
 from tracker.optimize.base import Candidate, Context
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import copy_model, prepare_output, save_proto
@@ -26,46 +31,59 @@ from tracker.optimize.model_files import copy_model, prepare_output, save_proto
 NAME = "shared_kv"
 _MS = "com.microsoft"
 _PAST = "past_key_values."
+_FORMS = ("a MultiHeadAttention with a past (GPT-2's), or one whose past is concatenated outside with LLaMA's "
+          "rotate-half rotary on plain inverse frequencies")
 
 
 def shared_kv(source: Path, target_dir: Path, context: Context) -> Candidate:
-    """Rewrites every `MultiHeadAttention` with a past (`attention_fused`'s on a decode-ready model) as a
-    `GroupQueryAttention`; a model without one is copied unchanged (`applied` False)."""
+    """Rewrites every layer's fused attention of a decode-ready model (`attention_fused`'s) as a
+    `GroupQueryAttention`; a model where one layer does not match is copied unchanged (`applied` False)."""
     target = prepare_output(source, target_dir, NAME)
     model = onnx.load_model(str(source), load_external_data=True)
     rewritten = rewrite_attention(model)
     if not rewritten:
         copy_model(source, target)
         return Candidate(path=target, applied=False, fusions={"GroupQueryAttention": 0}, fully_optimized=None,
-                         precision="fp32", notes=("not every layer's attention is a MultiHeadAttention with a past "
-                                                  "(fuse attention first: attention_fused+shared_kv): nothing rewritten",))
+                         precision="fp32", notes=(f"not every layer's attention is {_FORMS} (fuse attention first: "
+                                                  "attention_fused+shared_kv): nothing rewritten",))
     save_proto(model, target)
+    rotary = any(a.name == "do_rotary" and a.i for n in model.graph.node if n.op_type == "GroupQueryAttention"
+                 for a in n.attribute)
+    what = ("MultiHeadAttention with its past concatenated and LLaMA's rotary positions outside, rewritten as "
+            "GroupQueryAttention doing the rotary itself over one packed q/k/v product" if rotary else
+            "MultiHeadAttention with a past rewritten as GroupQueryAttention")
     return Candidate(
         path=target, applied=True, fusions={"GroupQueryAttention": rewritten, "MultiHeadAttention": 0},
         fully_optimized=None, precision="fp32",
-        notes=(f"{rewritten} MultiHeadAttention with a past rewritten as GroupQueryAttention (causal; the past may be "
-               f"a buffer larger than its length, given by the new inputs {SEQLENS_K!r} and "
-               f"{TOTAL_SEQUENCE_LENGTH!r})",),
-        params={"attention.kv_cache": "GroupQueryAttention, past and present may share a buffer"},
+        notes=(f"{rewritten} {what} (causal; the past may be a buffer larger than its length, given by the new inputs "
+               f"{SEQLENS_K!r} and {TOTAL_SEQUENCE_LENGTH!r})",),
+        params={"attention.kv_cache": "GroupQueryAttention, past and present may share a buffer",
+                "attention.rotary": "in GroupQueryAttention" if rotary else "none or outside the attention"},
     )
 
 
 def rewrite_attention(model: onnx.ModelProto) -> int:
-    """The rewrite, in place; returns how many attentions were rewritten (0: the model is left as it was)."""
+    """The rewrite, in place; returns how many attentions were rewritten (0: the model is left as it was).
+
+    Two forms are rewritten: GPT-2's, where `attention_fused` made a `MultiHeadAttention` that takes the past itself,
+    and the LLaMA family's, where the past is concatenated and the rotary positions applied outside a
+    `MultiHeadAttention` without a past (`rotary_gqa`: one GroupQueryAttention with rotary, over packed q/k/v)."""
     graph = model.graph
     pasts = [i.name for i in graph.input if i.name.startswith(_PAST)]
-    attentions = [n for n in graph.node if n.op_type == "MultiHeadAttention" and n.domain == _MS
-                  and len(n.input) >= 8 and n.input[6] in pasts and n.input[7] in pasts]
-    if not attentions or len(attentions) * 2 != len(pasts):
-        return 0
-    if any(n.input[3] or n.input[4] for n in attentions):  # a bias or a padding mask GQA would not apply the same way
-        return 0
     shapes = [n for n in graph.node if n.op_type == "Shape" and n.input[0] in pasts]
     spans = {n.name: _span(n) for n in shapes}
     if any(span not in ("0:1", "2:3") for span in spans.values()):
         return 0  # a Shape of a past that reads more than the batch or the length: left as it is
-    past_shape = {i.name: i.type.tensor_type.shape.dim for i in graph.input if i.name in pasts}
-    kv_heads = past_shape[pasts[0]][1].dim_value
+    attentions = [n for n in graph.node if n.op_type == "MultiHeadAttention" and n.domain == _MS
+                  and len(n.input) >= 8 and n.input[6] in pasts and n.input[7] in pasts]
+    if attentions and len(attentions) * 2 == len(pasts):
+        if any(n.input[3] or n.input[4] for n in attentions):  # a bias or a padding mask GQA would not apply the same
+            return 0
+        rewritten = _rewrite_with_past(model, attentions, pasts)
+    else:
+        rewritten = rewrite_rotary_layers(model, seqlens_k=SEQLENS_K, total_sequence_length=TOTAL_SEQUENCE_LENGTH)
+    if not rewritten:
+        return 0
     new_nodes: list[onnx.NodeProto] = []
     # The past's length and the batch, from the new inputs and input_ids, for every Shape of a past.
     new_nodes += [
@@ -81,6 +99,21 @@ def rewrite_attention(model: onnx.ModelProto) -> int:
         new_nodes.append(helper.make_node("Identity", [lengths[spans[node.name]]], list(node.output),
                                           name=node.name + "_skv"))
         graph.node.remove(node)
+    for node in reversed(new_nodes):
+        graph.node.insert(0, node)
+    graph.input.extend([
+        helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),
+        helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
+    ])
+    _drop_dead_nodes(graph)
+    return rewritten
+
+
+def _rewrite_with_past(model: onnx.ModelProto, attentions: list[onnx.NodeProto], pasts: list[str]) -> int:
+    """Each `MultiHeadAttention` that takes its past as a `GroupQueryAttention` on the same inputs (GPT-2's form)."""
+    graph = model.graph
+    past_shape = {i.name: i.type.tensor_type.shape.dim for i in graph.input if i.name in pasts}
+    kv_heads = past_shape[pasts[0]][1].dim_value
     for node in attentions:
         heads = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "num_heads")
         scale = [helper.get_attribute_value(a) for a in node.attribute if a.name == "scale"]
@@ -94,13 +127,6 @@ def rewrite_attention(model: onnx.ModelProto) -> int:
         index = list(graph.node).index(node)
         graph.node.remove(node)
         graph.node.insert(index, gqa)
-    for node in reversed(new_nodes):
-        graph.node.insert(0, node)
-    graph.input.extend([
-        helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),
-        helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
-    ])
-    _drop_dead_nodes(graph)
     return len(attentions)
 
 
@@ -121,6 +147,11 @@ def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
     kept = [onnx.NodeProto.FromString(n.SerializeToString()) for n, keep in zip(nodes, live) if keep]
     del graph.node[:]
     graph.node.extend(kept)
+    # Weights only dead nodes read (the products `rotary_gqa` packed into one) go with them.
+    used = {name for node in kept for name in node.input} | {o.name for o in graph.output}
+    unused = [init for init in graph.initializer if init.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
 
 
 def has_attention(model: onnx.ModelProto, context: Context) -> str | None:
