@@ -120,6 +120,8 @@ def _add_optimize_parser(sub) -> None:
     o.add_argument("--budget", default="", metavar="DURATION",
                    help="wall time of --search, e.g. 20m, 90s, 1h30m (default: no limit)")
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
+    o.add_argument("--cluster", default="", metavar="ADDRESS", help="measure on a Ray cluster's nodes that hold a "
+                   "tracker_slot, e.g. 127.0.0.1:6379 or ray://HEAD:10001 (needs the [cluster] extra)")
     add_measure_args(o)
     o.set_defaults(func=_optimize)
 
@@ -148,6 +150,7 @@ def _optimize(args: argparse.Namespace) -> int:
         session=session_config(args),
         search=args.search,
         budget_s=parse_budget(args.budget) if args.budget else None,
+        cluster=args.cluster or None,
     )
     chosen = own.plan(config)  # bad input fails here, before any run is made
     if args.dry_run:

@@ -111,18 +111,59 @@ def run_attempt(
     baseline_outputs: list[np.ndarray] | None = None,
     generation: GenerationFigures | None = None,
 ) -> AttemptResult:
-    """Measures an attempt, then logs it in its own run (with `setup.tags` on top of its own).
+    """Measures an attempt (`measure_record`), then logs it in its own run (`log_or_keep`).
 
-    `baselines` are the study's so far (`runtime_baselines`); empty outside a study. `generation` holds what the
-    study's generation scenario measured for this attempt (`tracker.generation`): it joins the attempt's result and
-    run.
     Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
     error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
     record is kept in the outbox (`tracker.run.record.outbox_root()`) and the log says how to upload it.
     """
-    parent_run_id, experiment_id = write.current_ids()
-    record = AttemptRecord(attempt.name, setup.study, attempt.runtime, parent_run_id=parent_run_id,
-                           experiment_id=experiment_id, params=run_content.attempt_params(attempt))
+    measured = measure_record(attempt, feeds, setup, baselines=baselines, workdir=workdir,
+                              baseline_outputs=baseline_outputs, generation=generation)
+    result, record = measured.result, measured.record
+    record.parent_run_id, record.experiment_id = write.current_ids()
+    logged = log_or_keep(record, steps=result.steps)
+    result.run_id, result.outbox, result.refused = logged.run_id, logged.outbox, logged.refused
+    if measured.interrupted is not None:  # logged like any attempt; the study then unwinds
+        raise measured.interrupted
+    # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
+    release_free_memory()
+    return result
+
+
+@dataclass(frozen=True)
+class Measured:
+    """An attempt measured and its record filled, not logged yet (a cluster's node returns the record, and the
+    driver logs it).
+
+    Attributes:
+        result: what was measured (`error` set when it failed).
+        record: its run's content, FAILED with the error when it failed; no parent run yet.
+        interrupted: the Ctrl-C or SIGTERM that cut the measurement, to raise once the record is logged.
+    """
+
+    result: AttemptResult
+    record: AttemptRecord
+    interrupted: BaseException | None = None
+
+
+def measure_record(
+    attempt: Attempt,
+    feeds: Mapping[str, np.ndarray],
+    setup: AttemptSetup,
+    *,
+    baselines: Mapping[str, AttemptResult],
+    workdir: Path,
+    baseline_outputs: list[np.ndarray] | None = None,
+    generation: GenerationFigures | None = None,
+) -> Measured:
+    """Measures an attempt, judges it against its runtime's baseline and fills its record (with `setup.tags` on
+    top of its own); needs no tracking store.
+
+    `baselines` are the study's so far (`runtime_baselines`); empty outside a study. `generation` holds what the
+    study's generation scenario measured for this attempt (`tracker.generation`): it joins the attempt's result and
+    record. A crash while measuring makes the record FAILED, carrying the error.
+    """
+    record = AttemptRecord(attempt.name, setup.study, attempt.runtime, params=run_content.attempt_params(attempt))
     result = AttemptResult(attempt=attempt)
     interrupted: BaseException | None = None
     try:
@@ -161,13 +202,7 @@ def run_attempt(
         record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
         interrupted = e
     record.tags.update(setup.tags)
-    logged = log_or_keep(record, steps=result.steps)
-    result.run_id, result.outbox, result.refused = logged.run_id, logged.outbox, logged.refused
-    if interrupted is not None:  # logged like any attempt; the study then unwinds
-        raise interrupted
-    # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
-    release_free_memory()
-    return result
+    return Measured(result, record, interrupted)
 
 
 def candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tuple[dict[str, float], dict[str, str]]:
@@ -198,6 +233,18 @@ def measure_machine_or_none() -> MachinePeaks | None:
     except Exception as e:
         logger.warning("could not measure the machine's peaks (%s: %s); no roofs this study", type(e).__name__, e)
         return None
+
+
+def log_failure(study: str | None, name: str, error: BaseException, *, runtime: str,
+                tags: Mapping[str, str]) -> str:
+    """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised) as a measured one
+    is logged: to the store, else to the outbox. Returns the error's one-line text."""
+    parent_run_id, experiment_id = write.current_ids()
+    record = AttemptRecord(name, study, runtime, tags=dict(tags), parent_run_id=parent_run_id,
+                           experiment_id=experiment_id)
+    error_text = mark_failed(record, error)
+    log_or_keep(record)
+    return error_text
 
 
 def mark_failed(record: AttemptRecord, error: BaseException) -> str:

@@ -20,6 +20,7 @@ from tracker.base.model_io import load_graph, save_model
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received, sigterm_as_exit
 from tracker.base.vocabulary import Kind, Phase
+from tracker.cluster import Fanout
 from tracker.generation import GenerationFigures
 from tracker.measure.accuracy.output_diff import TOLERANCES
 from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for
@@ -32,19 +33,17 @@ from tracker.pipeline import (
     StudySetup,
     candidate_content,
     lineage_tags,
-    log_or_keep,
-    mark_failed,
+    log_failure,
     measure_machine_or_none,
     run_attempt,
 )
-from tracker.report.rows import pick_best, runtime_baselines, study_counts
-from tracker.report.scenarios import scenario_bests, scenario_tags
-from tracker.report.search import build_search_report
-from tracker.report.study import build_study_report
+from tracker.report.rows import AttemptRow, failed_row, pick_best, runtime_baselines
+from tracker.report.scenarios import scenario_bests
 from tracker.run.content import rows_from_results
-from tracker.run.record import AttemptRecord, check_outbox, save_summary
+from tracker.run.record import check_outbox
 from tracker.search import SearchConfig, SearchResult, run_search
-from tracker.store import connect, faults, write
+from tracker.store import connect, write
+from tracker.summary import log_report, log_summary
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +54,10 @@ class Study:
     The first attempt of each runtime that succeeds is that runtime's baseline (`runtime_baselines`): later
     attempts of the runtime are compared with it (outputs, latency, per-op profile, graph). The first attempt
     of a second runtime has its outputs compared with the first runtime's baseline (a cross-runtime check).
+
+    Given `cluster` (a Ray address), the attempts are measured on the cluster's nodes (`tracker.cluster`): `optimize`
+    sends each candidate and returns None at once, `attempt` waits for its runs, and `wait` (or the end of the
+    `with` block) for every one; `rows` are the runs', and at the end `results` the driver's view (no figures).
 
     Example:
         with Study("my-model", feeds={"X": x}) as study:
@@ -73,11 +76,15 @@ class Study:
         tracking_uri: str | None = None,
         log_models: bool = True,
         setup: StudySetup | None = None,
+        cluster: str | None = None,
     ) -> None:
         check_name("study", name)
         if experiment:
             check_experiment_name(experiment)
         setup = setup or StudySetup()
+        if cluster and setup.generation is not None:
+            raise ValueError("a generation scenario is not supported on a cluster yet: run it on one machine")
+        self._cluster = Fanout(cluster, study=name, feeds=feeds) if cluster else None
         self.name = name
         self.feeds = dict(feeds)
         self.experiment = experiment
@@ -109,6 +116,8 @@ class Study:
         self._sigterm = sigterm_as_exit()
         self._sigterm.__enter__()
         try:
+            if self._cluster is not None:
+                self._cluster.connect()  # an unreachable cluster: a one-line error before any work
             if self._workdir is None:
                 self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
             with self.steps.step("machine"):
@@ -149,13 +158,18 @@ class Study:
             with self.steps.step("generation"):
                 generation = self.generation.measure_baseline(machine=self.machine,
                                                               workdir=self._work / "generation" / attempt.name)
-        setup = AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate,
-                             log_model=self.log_models, latency_feeds=self.setup.latency_feeds,
-                             tags={**self.tags, **(tags or {})}, machine=self.machine)
-        result = run_attempt(attempt, self.feeds, setup, baselines=runtime_baselines(self.results),
+        if self._cluster is not None:  # measured on the cluster's nodes; the study waits for its runs
+            return self._cluster.result(self._cluster.submit(attempt, self._attempt_setup(tags)))
+        result = run_attempt(attempt, self.feeds, self._attempt_setup(tags), baselines=runtime_baselines(self.results),
                              workdir=self._work / attempt.name, generation=generation)
         self.results.append(result)
         return result
+
+    def _attempt_setup(self, tags: Mapping[str, str] | None) -> AttemptSetup:
+        """How the pipeline measures and logs each attempt of this study, with `tags` on top of the study's."""
+        return AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate, log_model=self.log_models,
+                            latency_feeds=self.setup.latency_feeds, tags={**self.tags, **(tags or {})},
+                            machine=self.machine)
 
     def optimize(
         self,
@@ -218,10 +232,9 @@ class Study:
             with self.steps.step("generation"):
                 generation = self.generation.measure_entry(found, machine=self.machine, graph_of=self.graph_of,
                                                            workdir=self._work / "generation" / name)
-        return self.attempt(
-            name,
-            model,
-            tags={**lineage_tags(found), **(tags or {})},
+        attempt = Attempt(
+            name=name,
+            model=model if isinstance(model, onnx.ModelProto) else Path(model),
             runtime=runtime,
             session=candidate.session_on(session or SessionConfig()),
             new_ops=fields.pop("new_ops", candidate.new_ops),
@@ -229,9 +242,13 @@ class Study:
             description=fields.pop("description", "; ".join(candidate.notes)),
             metrics={**metrics, **fields.pop("metrics", {})},
             params={**params, **fields.pop("params", {})},
-            generation=generation,
             **fields,
         )
+        tags = {**lineage_tags(found), **(tags or {})}
+        if self._cluster is not None:  # sent: the study makes its next candidate while the nodes measure this one
+            self._cluster.submit(attempt, self._attempt_setup(tags))
+            return None
+        return self.attempt(attempt, tags=tags, generation=generation)
 
     def search(
         self,
@@ -252,6 +269,8 @@ class Study:
         """
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before searching")
+        if self._cluster is not None:
+            raise ValueError("a search is not supported on a cluster yet: run it without --cluster")
         session = session or SessionConfig()
         baseline = runtime_baselines(self.results).get("onnxruntime")
         if baseline is None:
@@ -305,73 +324,67 @@ class Study:
         """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
-        parent_run_id, experiment_id = write.current_ids()
-        record = AttemptRecord(name, self.name, runtime, tags={**self.tags, **(tags or {})},
-                               parent_run_id=parent_run_id,
-                               experiment_id=experiment_id)
-        self.failures[name] = mark_failed(record, error)
-        log_or_keep(record)  # the same way as a measured attempt: to the store, else to the outbox
+        self.failures[name] = log_failure(self.name, name, error, runtime=runtime, tags={**self.tags, **(tags or {})})
+
+    def rows(self, *, tables: bool = False) -> list[AttemptRow]:
+        """The study's rows (with the per-op tables if `tables`): its attempts' (`rows_from_results`), or on a
+        cluster its runs' (nodes' repeated baselines too), then those in `failures`."""
+        if self._cluster is None:
+            return rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs,
+                                     tables=tables)
+        return self._cluster.rows() + [failed_row(name, error) for name, error in self.failures.items()]
+
+    def wait(self) -> None:
+        """Waits for the attempts the cluster's nodes are measuring, logging each (a local study has none)."""
+        if self._cluster is not None:
+            self._cluster.wait()
 
     @property
     def best(self) -> AttemptResult | None:
         """The attempt to ship: the largest speed-up among those that passed their accuracy check and
-        are faster than their baseline beyond the noise ("better"), else the first baseline (`pick_best`)."""
-        name = pick_best(rows_from_results(self.results, tables=False))
+        are faster than their baseline beyond the noise ("better"), else the first baseline (`pick_best`). On a
+        cluster: None until the study ends, then the driver's result (no figures: `rows` have them)."""
+        name = pick_best(self.rows())
         return next((r for r in self.results if r.attempt.name == name), None)
 
     @property
     def scenario_bests(self) -> dict[Phase, str | None]:
         """The best attempt's name in each scenario the study measured: forward (`best`), and prefill and decode
         when its attempts carry generation figures (`tracker.report.scenarios.scenario_bests`)."""
-        return scenario_bests(rows_from_results(self.results, tables=False))
-
-    def _log_report(self, best: str | None) -> None:
-        """The study report on the parent run; a report problem never costs the study its summary."""
-        try:
-            rows = rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs)
-            rooflines = {r.attempt.name: r.roofline for r in self.results if r.ok and r.roofline is not None}
-            phase_rooflines = {r.attempt.name: r.phase_rooflines for r in self.results if r.ok and r.phase_rooflines}
-            built = build_study_report(rows, self._work / "report", study=self.name, best=best,
-                                       rooflines=rooflines, phase_rooflines=phase_rooflines)
-            write.log_study_report(built.html, built.tables)
-            if self.search_result is not None:
-                page = build_search_report(self.search_result, rows, self._work / "report", study=self.name,
-                                           best=best)
-                write.log_study_report(page.html, page.tables)
-        except Exception as e:
-            logger.error("could not log the report of study %s (%s: %s)", self.name, type(e).__name__, e)
+        return scenario_bests(self.rows())
 
     def step_totals(self) -> tuple[StepTimes, float]:
-        """Seconds per step over the study and its attempts, and the study's wall time so far."""
+        """Seconds per step over the study and its attempts (on a cluster, the nodes' summed: they overlap), and the
+        study's wall time so far."""
         totals = StepTimes()
         totals.add(self.steps)
-        for result in self.results:
-            totals.add(result.steps)
+        for steps in [r.steps for r in self.results] + ([self._cluster.steps] if self._cluster else []):
+            totals.add(steps)
         return totals, time.perf_counter() - self._started
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
+            if self._cluster is not None:  # waits for the nodes, or ends what they measure as FAILED runs
+                self.results += self._cluster.finish(exc)
+        except BaseException as e:  # Ctrl-C while waiting: the study ends as if it had landed in the block
+            self._end(type(e), e, e.__traceback__)
+            raise
+        self._end(exc_type, exc, tb)
+
+    def _end(self, exc_type, exc, tb) -> None:
+        """The summary and report on the study run (unless the study is unwinding from `exc`), then its end."""
+        try:
             if exc_type is None:
-                # The attempts table itself is the report's (`_log_report`); these rows only count and rank.
-                rows = rows_from_results(self.results, failures=self.failures, tables=False)
                 totals, wall = self.step_totals()
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
                 machine = self.machine.metrics() if self.machine else {}
                 searched = self.search_result.metrics() if self.search_result is not None else {}
-                metrics = {**study_counts(rows), **totals.metrics(wall), **machine, **searched}
-                best, tags = pick_best(rows), scenario_tags(rows)
-                summary = {"metrics": metrics, "best": best, "tags": tags}
-                try:
-                    connect.ensure_reachable()
-                    write.log_study_summary(metrics=metrics, best=best, tags=tags)
-                except Exception as e:
-                    kept = save_summary(summary, study=self.name, parent_run_id=self.run.info.run_id)
-                    why = "could not log" if faults.is_outage(e) else "the tracking store refused"
-                    logger.error("%s the summary of study %s (%s); it is kept in %s and its run stays open on the "
-                                 "server until `tracker upload %s`", why, self.name, faults.describe(e),
-                                 kept.parent, kept.parent.parent)
-                else:
-                    self._log_report(best)
+                if log_summary(self.rows(), {**totals.metrics(wall), **machine, **searched}, study=self.name,
+                               run_id=self.run.info.run_id):
+                    ok = [r for r in self.results if r.ok]
+                    log_report(self.rows(tables=True), self._work / "report", study=self.name, search=self.search_result,
+                               rooflines={r.attempt.name: r.roofline for r in ok if r.roofline is not None},
+                               phase_rooflines={r.attempt.name: r.phase_rooflines for r in ok if r.phase_rooflines})
         finally:
             if self._run_cm is not None:
                 self._run_cm.__exit__(exc_type, exc, tb)

@@ -13,6 +13,7 @@ import numpy as np
 
 from tracker.api import Study
 from tracker.base.model_io import check_ort_ops, load_model
+from tracker.cluster import Address
 from tracker.compare import Comparison
 from tracker.measure.accuracy.task_diff import TASKS, task_tolerances
 from tracker.measure.attempt import AttemptResult, MeasureConfig
@@ -21,8 +22,7 @@ from tracker.measure.inputs.feeds import make_feeds
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
-from tracker.report.rows import pick_best
-from tracker.run.content import rows_from_results
+from tracker.report.rows import attempt_rows, pick_best
 from tracker.search import SearchConfig
 
 logger = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ class OwnModelConfig:
         session: ONNX Runtime settings of every attempt.
         search: search the entries' knobs and chains (`Study.search`) instead of running each entry once.
         budget_s: the search's wall-time budget in seconds (None: no limit).
+        cluster: the Ray address of a cluster to measure on (`tracker.cluster`); None measures here.
     """
 
     model: Path
@@ -68,6 +69,7 @@ class OwnModelConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     search: bool = False
     budget_s: float | None = None
+    cluster: str | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -84,6 +86,10 @@ class OwnModelConfig:
             raise ValueError("--budget bounds a search: add --search")
         if self.budget_s is not None and not self.budget_s > 0:
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
+        if self.cluster:
+            if self.search:
+                raise ValueError("--search is not supported on a cluster yet: run it without --cluster")
+            Address.parse(self.cluster)  # a malformed address: before any work
 
     @property
     def study_name(self) -> str:
@@ -192,7 +198,7 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
     if config.search:
         params["search.budget_s"] = "none" if config.budget_s is None else f"{config.budget_s:g}"
     with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
-               params=params) as study:
+               params=params, cluster=config.cluster) as study:
         baseline = study.attempt("baseline", Path(config.model), session=config.session,
                                  tolerance=tolerances["fp32"], description=f"{Path(config.model).name} as given")
         if not baseline.ok:
@@ -232,6 +238,6 @@ def _one_line(text: str, head: int = 150, tail: int = 250) -> str:
 
 def comparison(study: Study) -> Comparison:
     """The study's attempts as `tracker compare` shows them."""
-    rows = rows_from_results(study.results, failures=study.failures, tables=False)
+    rows = attempt_rows(study.rows())  # as `tracker compare` reads them back: a node's repeated baseline left out
     return Comparison(title=f"study {study.name}", rows=rows, best=pick_best(rows), study_run_id=study.run.info.run_id)
 

@@ -1,0 +1,356 @@
+"""The driving side of a cluster (`Fanout`): one `NodeMeasurer` per measuring node, the study's attempts sent to
+free nodes (once per node type), each record logged as it comes back; a node that dies costs its attempt one retry
+elsewhere; Ctrl-C ends what is in flight as FAILED runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import tempfile
+from collections import deque
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracker.base.keys import ROLE_NODE_BASELINE, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
+from tracker.base.steps import StepTimes
+from tracker.base.termination import Terminated
+from tracker.base.vocabulary import RunStatus
+from tracker.cluster.address import SLOT, Address, ClusterError, connect, import_ray, measuring_nodes
+from tracker.cluster.node import NodeInfo, NodeMeasurer
+from tracker.cluster.records import RecordedRows, one_line
+from tracker.cluster.wire import Job, ModelFiles, Returned, unpack_record
+from tracker.measure.attempt import Attempt, AttemptResult
+from tracker.pipeline import AttemptSetup, log_or_keep
+from tracker.report.rows import AttemptRow
+from tracker.run.content import attempt_params
+from tracker.run.record import AttemptRecord
+from tracker.store import write
+
+logger = logging.getLogger(__name__)
+
+TAG_BASELINE_RUN = "tracker.baseline_run"  # an attempt's run: the run of the baseline it was judged against
+TAG_RETRIED = "tracker.cluster.retried"  # an attempt measured again after its node died: why
+START_TIMEOUT_S = 60.0  # for every node's measurer to start (a slot another study holds frees only when it ends)
+POLL_S = 0.5  # a wait's granularity: Ctrl-C is handled between two
+
+
+@dataclasses.dataclass(eq=False)
+class _Node:
+    actor: Any
+    info: NodeInfo
+    own: deque[_Task] = dataclasses.field(default_factory=deque)  # this node's baselines, before anything else
+    runtimes: set[str] = dataclasses.field(default_factory=set)  # whose baseline it measured
+    busy: tuple[_Task, Any] | None = None  # the task it measures, and the reference to its result
+    alive: bool = True
+
+
+@dataclasses.dataclass(eq=False)
+class _Task:
+    job: Job
+    model: Any  # the reference of the attempt's `ModelFiles` in the object store
+    node_type: str
+    retried: str | None = None  # why it was measured again, after its first node died
+
+
+class Fanout:
+    """A study's measurements on a Ray cluster (`Study(..., cluster=ADDRESS)`).
+
+    A runtime's first attempt is its baseline: measured on every node, each node's run tagged `tracker.node`; the
+    first of each node type is that type's baseline row, the others `tracker.role` = "node_baseline". Every later
+    attempt is measured once per node type, on a free node of that type, against that node's own baseline (its run
+    says which: `tracker.baseline_run`).
+
+    Args:
+        address: the cluster's address (`Address.parse`: a malformed one fails here, before any work).
+        study: the study's name.
+        feeds: the inputs every attempt runs on.
+    """
+
+    def __init__(self, address: str, *, study: str, feeds: Mapping[str, np.ndarray]) -> None:
+        self.address = Address.parse(address)
+        self.study = study
+        self.feeds = dict(feeds)
+        self.steps = StepTimes()  # the nodes' measuring steps, summed (they overlap in time)
+        self.recorded = RecordedRows()
+        self._connected = False
+        self._nodes: list[_Node] = []
+        self._queues: dict[str, deque[_Task]] = {}  # node type -> attempts waiting for a node of that type
+        self._pending: dict[int, int] = {}  # job seq -> its tasks not logged yet
+        self._attempts: dict[int, Attempt] = {}
+        self._models: dict[str, Any] = {}  # model path -> its `ModelFiles` in the object store, sent once
+        self._baselines: set[str] = set()  # runtimes whose baseline was sent
+        self._node_baseline_runs: dict[tuple[str, str], str] = {}  # (node id, runtime) -> its baseline's run id
+        self._work: Path | None = None  # where records are unpacked, then logged
+        self._parent: tuple[str | None, str | None] = (None, None)  # the study run's id and experiment id
+
+    def connect(self) -> None:
+        """Connects to the cluster and checks it has a measuring node, before any work.
+
+        Raises:
+            ClusterError: Ray is missing, the cluster cannot be reached, or it has no node with a `tracker_slot`.
+        """
+        self._connected = connect(self.address)
+        measuring_nodes(self.address)
+
+    def submit(self, attempt: Attempt, setup: AttemptSetup) -> int:
+        """Sends an attempt to the nodes (every node, for a runtime's first attempt), and logs what came back
+        meanwhile; returns the attempt's number, for `result`. The first attempt starts the nodes' measurers with
+        `setup` (its `machine`: whether each node measures its own roofs)."""
+        ray = import_ray()
+        if not self._nodes:
+            self._start(setup)
+        seq = len(self._attempts)
+        self._attempts[seq] = attempt
+        files = ModelFiles.of(attempt.model)
+        key = str(Path(attempt.model).resolve()) if isinstance(attempt.model, Path) else None
+        if key is None or key not in self._models:
+            model = ray.put(files)
+            if key is not None:
+                self._models[key] = model
+        else:
+            model = self._models[key]
+        baseline = attempt.runtime not in self._baselines
+        job = Job(seq, dataclasses.replace(attempt, model=Path(files.name)), dict(setup.tags), baseline=baseline)
+        if baseline:  # measured again on every node: each node judges its attempts against its own
+            self._baselines.add(attempt.runtime)
+            tasks = [(n.own, _Task(job, model, n.info.node_type)) for n in self._nodes if n.alive]
+        else:  # once per node type
+            tasks = [(queue, _Task(job, model, node_type)) for node_type, queue in self._queues.items()]
+        for queue, task in tasks:
+            queue.append(task)
+        self._pending[seq] = len(tasks)
+        logger.info("study %s: attempt %s sent to %s", self.study, attempt.name,
+                    f"all {len(tasks)} nodes (its runtime's baseline)" if baseline else f"{len(tasks)} node type(s)")
+        self.poll()
+        return seq
+
+    def result(self, seq: int) -> AttemptResult:
+        """Waits for attempt `seq`'s runs; its result as the driver knows it (no measurements: those are on its
+        runs): its error when every node failed it, and its first run."""
+        while self._pending[seq]:
+            self.poll(timeout_s=POLL_S)
+        return self._result(seq)
+
+    def _result(self, seq: int) -> AttemptResult:
+        outcomes = self.recorded.outcomes(seq)
+        ok = [o for o in outcomes if o.error is None]
+        if not outcomes:  # every node it was sent to stopped before it
+            return AttemptResult(attempt=self._attempts[seq], error="no node measured it: every one stopped")
+        first = (ok or outcomes)[0]
+        return AttemptResult(attempt=self._attempts[seq], error=None if ok else first.error, run_id=first.run_id,
+                             outbox=first.outbox, refused=first.refused)
+
+    def poll(self, *, timeout_s: float = 0.0) -> None:
+        """Logs the records that came back (waiting up to `timeout_s` for one), and gives free nodes work."""
+        ray = import_ray()
+        busy = {n.busy[1]: n for n in self._nodes if n.busy is not None}
+        if busy:
+            ready, _ = ray.wait(list(busy), num_returns=1, timeout=timeout_s, fetch_local=False)
+            if ready:  # and every other one ready by now
+                ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0, fetch_local=False)
+            for ref in ready:
+                self._collect(busy[ref])
+        self._dispatch()
+
+    def wait(self) -> None:
+        """Waits until every attempt sent is logged."""
+        while any(self._pending.values()):
+            self.poll(timeout_s=POLL_S)
+
+    def finish(self, error: BaseException | None) -> list[AttemptResult]:
+        """The end of the study: waits for every measurement, or, when the study is unwinding from `error` (or a
+        Ctrl-C lands while waiting), logs what came back and ends the rest as FAILED runs; then frees the nodes.
+        Returns each attempt's result as the driver knows it (`result`), in the order they were sent."""
+        try:
+            if error is None:
+                self.wait()
+            else:
+                self.cancel(error)
+        except BaseException as e:
+            self.cancel(e)
+            raise
+        finally:
+            self.close()
+        return [self._result(seq) for seq in self._attempts]
+
+    def cancel(self, error: BaseException) -> None:
+        """Logs what already came back, then stops every node's measurer: the attempts in flight and those
+        waiting end as FAILED runs saying why (`error`: Ctrl-C, SIGTERM, or what else stopped the study)."""
+        ray = import_ray()
+        why = ("Ctrl-C" if isinstance(error, KeyboardInterrupt) else "SIGTERM" if isinstance(error, Terminated)
+               else f"{type(error).__name__}: {one_line(str(error))}")
+        try:
+            self.poll()
+        except Exception as e:  # a node that went meanwhile: what it measured is lost, the others are logged
+            logger.warning("study %s: could not collect every record before stopping (%s)", self.study, e)
+        for node in self._nodes:
+            if node.busy is not None:
+                task = node.busy[0]
+                node.busy = None
+                ray.kill(node.actor, no_restart=True)
+                self._log_failed(task, f"interrupted ({why}) while measuring on node {node.info.node_id}",
+                                 node=node.info)
+            self._drop_own(node)
+        for queue in self._queues.values():
+            while queue:
+                self._log_failed(queue.popleft(), f"interrupted ({why}) before it was measured")
+
+    def close(self) -> None:
+        """Stops the nodes' measurers (each removes its work folder first), disconnects if `connect` connected,
+        and removes the records' folder."""
+        ray = import_ray()
+        alive = [n for n in self._nodes if n.alive]
+        if alive:
+            closing = [n.actor.close.remote() for n in alive]
+            ray.wait(closing, num_returns=len(closing), timeout=10)
+            for node in alive:
+                ray.kill(node.actor, no_restart=True)
+            self._nodes = []
+        if self._connected:
+            ray.shutdown()
+            self._connected = False
+        if self._work is not None:
+            shutil.rmtree(self._work, ignore_errors=True)
+
+    def rows(self) -> list[AttemptRow]:
+        """The rows of every run logged, in study order, each attempt's node types in the order the nodes were
+        found."""
+        return self.recorded.rows([n.info.node_type for n in self._nodes])
+
+    def _start(self, setup: AttemptSetup) -> None:
+        """Starts one measurer on each node holding a `tracker_slot`, pinned there; waits for them to start.
+
+        Raises:
+            ClusterError: none started within `START_TIMEOUT_S` (their slots are held by other studies).
+        """
+        ray = import_ray()
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        self._work = Path(tempfile.mkdtemp(prefix=f"tracker-{self.study}-records-"))
+        self._parent = write.current_ids()
+        feeds = ray.put(self.feeds)
+        measurer = ray.remote(NodeMeasurer)
+        actors = [measurer.options(resources={SLOT: 1}, num_cpus=0, max_concurrency=1, max_restarts=0,
+                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+                  .remote(self.study, feeds, dataclasses.replace(setup, tags={}), roofs=setup.machine is not None)
+                  for node_id in measuring_nodes(self.address)]
+        started = {a.where.remote(): a for a in actors}
+        ready, late = ray.wait(list(started), num_returns=len(started), timeout=START_TIMEOUT_S)
+        for ref in ready:
+            try:
+                self._nodes.append(_Node(started[ref], ray.get(ref)))
+            except ray.exceptions.RayError as e:
+                logger.warning("study %s: a node's measurer did not start (%s)", self.study, one_line(str(e)))
+        for ref in late:
+            ray.kill(started[ref], no_restart=True)
+        if not self._nodes:
+            raise ClusterError(f"no measuring node of the Ray cluster at {self.address.text} started within "
+                               f"{START_TIMEOUT_S:g} s: their {SLOT!r} is held by other studies")
+        for node in self._nodes:
+            self._queues.setdefault(node.info.node_type, deque())
+        types = ", ".join(f"{t} ({sum(n.info.node_type == t for n in self._nodes)})" for t in self._queues)
+        logger.info("study %s: %d measuring node(s)%s; node types: %s", self.study, len(self._nodes),
+                    f" ({len(late)} busy elsewhere, left out)" if late else "", types)
+
+    def _dispatch(self) -> None:
+        """Gives each free node its next task: its own baselines first, then the next attempt of its type whose
+        runtime it has a baseline of; fails the attempts no live node can take any more."""
+        for node in self._nodes:
+            if not node.alive or node.busy is not None:
+                continue
+            task = node.own.popleft() if node.own else self._next_for(node)
+            if task is not None:
+                node.busy = (task, node.actor.measure.remote(task.job, task.model))
+        self._fail_stranded()
+
+    def _next_for(self, node: _Node) -> _Task | None:
+        queue = self._queues[node.info.node_type]
+        for task in queue:
+            if task.job.attempt.runtime in node.runtimes:
+                queue.remove(task)
+                return task
+        return None
+
+    def _fail_stranded(self) -> None:
+        """Attempts waiting for a node type none of whose live nodes has, or will have, their runtime's baseline:
+        FAILED runs saying so."""
+        for node_type, queue in self._queues.items():
+            nodes = [n for n in self._nodes if n.alive and n.info.node_type == node_type]
+            able = {r for n in nodes for r in n.runtimes}
+            able |= {t.job.attempt.runtime for n in nodes for t in [*n.own, *([n.busy[0]] if n.busy else [])]
+                     if t.job.baseline}
+            for task in [t for t in queue if t.job.attempt.runtime not in able]:
+                queue.remove(task)
+                why = (f"no live node of type {node_type!r} is left" if not nodes else
+                       f"no node of type {node_type!r} has a baseline of runtime {task.job.attempt.runtime!r} "
+                       "(it failed there)")
+                self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}")
+
+    def _collect(self, node: _Node) -> None:
+        """Logs the record `node` returned; a node that died costs its attempt one retry on another node."""
+        ray = import_ray()
+        assert node.busy is not None  # only busy nodes are collected
+        task, ref = node.busy
+        node.busy = None
+        try:
+            returned: Returned = ray.get(ref)
+        except ray.exceptions.RayActorError as e:  # the node (or its measurer) died
+            node.alive = False
+            why = f"node {node.info.node_id} ({node.info.hostname}) died while measuring it: {one_line(str(e), 200)}"
+            logger.error("study %s: attempt %s: %s", self.study, task.job.attempt.name, why)
+            self._drop_own(node)
+            if task.job.baseline or task.retried is not None:
+                self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}", node=node.info)
+            else:  # first in line: measured next by a free node of its type
+                task.retried = why
+                self._queues[task.node_type].appendleft(task)
+            return
+        except ray.exceptions.RayError as e:
+            self._log_failed(task, f"its node could not measure it: {one_line(str(e))}", node=node.info)
+            return
+        assert self._work is not None  # made when the nodes started
+        folder = self._work / f"{task.job.seq}-{node.info.node_id[:12]}"
+        try:
+            record = unpack_record(returned.record, folder)
+            self.steps.add(StepTimes(dict(returned.steps)))
+            if task.job.baseline and record.status == RunStatus.FINISHED:
+                node.runtimes.add(task.job.attempt.runtime)
+            self._log(task, record, measured=True)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def _log(self, task: _Task, record: AttemptRecord, *, measured: bool) -> None:
+        """Logs a record under the study run (else keeps it in the outbox), saying against which baseline it was
+        judged; its row joins the study's. A node's baseline that did not give its type's baseline row, or that
+        its node did not measure to the end (`measured` False), is tagged as that node's own."""
+        record.parent_run_id, record.experiment_id = self._parent
+        runtime, node_id = task.job.attempt.runtime, record.tags.get(TAG_NODE)
+        if task.job.baseline and not (measured and self.recorded.first_baseline(task.node_type, runtime)):
+            record.tags[TAG_ROLE] = ROLE_NODE_BASELINE
+        elif not task.job.baseline and node_id is not None and (node_id, runtime) in self._node_baseline_runs:
+            record.tags[TAG_BASELINE_RUN] = self._node_baseline_runs[(node_id, runtime)]
+        if task.retried is not None and record.status == RunStatus.FINISHED:
+            record.tags[TAG_RETRIED] = task.retried[:500]
+        logged = log_or_keep(record)
+        if task.job.baseline and node_id is not None and logged.run_id is not None:
+            self._node_baseline_runs[(node_id, runtime)] = logged.run_id
+        self.recorded.add(task.job.seq, record, logged)
+        self._pending[task.job.seq] -= 1
+
+    def _drop_own(self, node: _Node) -> None:
+        """Forgets the baselines a node that stopped was still to measure: they were its own."""
+        while node.own:
+            self._pending[node.own.popleft().job.seq] -= 1
+
+    def _log_failed(self, task: _Task, why: str, *, node: NodeInfo | None = None) -> None:
+        """Logs a FAILED run of an attempt the nodes did not measure, or not to the end, saying why."""
+        attempt = task.job.attempt
+        tags = {**task.job.tags, TAG_NODE_TYPE: task.node_type, **({TAG_NODE: node.node_id} if node else {})}
+        record = AttemptRecord(attempt.name, self.study, attempt.runtime, status=RunStatus.FAILED, error=why,
+                               params=attempt_params(attempt), tags=tags)
+        logger.error("attempt %s failed: %s", attempt.name, why)
+        self._log(task, record, measured=False)
