@@ -335,7 +335,7 @@ class Fanout:
             record.tags[TAG_BASELINE_RUN] = self._node_baseline_runs[(node_id, runtime)]
         if task.retried is not None and record.status == RunStatus.FINISHED:
             record.tags[TAG_RETRIED] = task.retried[:500]
-        logged = log_or_keep(record)
+        logged = log_or_keep(record, steps=self.steps)  # its logging steps join the nodes' steps
         if task.job.baseline and node_id is not None and logged.run_id is not None:
             self._node_baseline_runs[(node_id, runtime)] = logged.run_id
         self.recorded.add(task.job.seq, record, logged)
