@@ -1,4 +1,6 @@
-"""A real Ray cluster of several node processes on this machine, for tests/cluster/ and bench_cluster.py.
+"""A real Ray cluster of several node processes on this machine, for tests/cluster/ and bench_cluster.py; run as
+a script, the driver they run (`python local_cluster.py optimize MODEL ...`: `tracker optimize` measuring no
+machine roofs, ~7 s per node that these runs do not look at).
 
 Each node is `ray start ... --block` holding one `tracker_slot`, each with its own temporary folder; the nodes and
 the driver run inside a private network namespace where only loopback exists (`unshare -n`, as root). Ray 2.60
@@ -95,3 +97,18 @@ def run(driver: list[str], *, nodes: int, cwd: Path, env: dict[str, str] | None 
         return done
     finally:
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def optimize(argv: list[str]) -> int:
+    """`tracker optimize` with `argv`, in this process, with no machine roofs measured (nor, then, on the nodes)."""
+    import tracker.study
+    from tracker.cli import main
+
+    tracker.study.measure_machine_or_none = lambda: None
+    return main(["optimize", *argv])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["optimize"]:
+        sys.exit(f"usage: {sys.argv[0]} optimize MODEL [tracker optimize's options]")
+    sys.exit(optimize(sys.argv[2:]))

@@ -15,6 +15,7 @@ import sys
 
 from tracker.base.errors import TrackerError
 from tracker.base.termination import handle_sigterm
+from tracker.cluster import CLUSTER_HELP
 from tracker.experiment_args import add_measure_args, field_default, measure_config, session_config, setup_logging
 from tracker.gpt2.families import supported
 from tracker.measure.generation.generation import GenerationConfig
@@ -44,6 +45,7 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
                         help="generation: prompt lengths of the prompt pass; the largest is timed against the baseline")
     parser.add_argument("--gen-past-lens", default=_joined(field_default(GenerationConfig, "decode_past_lens")),
                         help="generation: past lengths of the decode step; the largest is timed against the baseline")
+    parser.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
 
 
 def _joined(values: tuple) -> str:
@@ -80,6 +82,7 @@ def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
         generation=GenerationConfig(decode_past_lens=past_lens, speedup_past_len=max(past_lens, default=None),
                                     prefill_lens=prefill_lens, speedup_prefill_len=max(prefill_lens, default=None),
                                     seed=args.seed, timing=measure.timing),
+        cluster=args.cluster or None,
     )
 
 

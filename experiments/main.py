@@ -23,7 +23,7 @@ STUDIES = {"linreg": linreg.run, "fusion": fusion.run, "gpt2": gpt2.run}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_measure_args(parser)
-    gpt2.add_gpt2_args(parser)  # --seed included
+    gpt2.add_gpt2_args(parser)  # --seed and --cluster included
     parser.add_argument("--studies", default=",".join(STUDIES), help=f"comma-separated subset of {list(STUDIES)}")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.studies.split(",") if n.strip()]

@@ -24,6 +24,7 @@ from tracker.measure.generation.generation import GenerationConfig
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.latency import TimingConfig
 from tracker.measure.timing.speedup import SpeedupConfig
+from tracker.studies import linreg as linreg_study
 from tracker.studies.gpt2 import GPT2StudyConfig
 from tracker.studies.own import OwnModelConfig
 
@@ -83,6 +84,7 @@ GPT2 = {
     "gen_prefill_lens": Source(GenerationConfig, "prefill_lens"),
     "gen_past_lens": Source(GenerationConfig, "decode_past_lens"),
     "seed": Source(GPT2StudyConfig, "seed"),
+    "cluster": Source(GPT2StudyConfig, "cluster"),
 }
 OPTIMIZE = {
     "feeds": Source(OwnModelConfig, "feeds"),
@@ -94,12 +96,14 @@ OPTIMIZE = {
     "seed": Source(OwnModelConfig, "seed"),
     "search": Source(OwnModelConfig, "search"),
     "budget": Source(OwnModelConfig, "budget_s"),
+    "cluster": Source(OwnModelConfig, "cluster"),
 }
 # Each entry point's parameters -> where their defaults are written. A new parameter must be added here.
 SOURCES = {
     "main": {**MEASURE, **GPT2, "studies": Source(main_script, "STUDIES")},
-    "linreg": MEASURE,
-    "fusion": {**MEASURE, "seed": Source(fusion_script.fusion.run, "seed")},
+    "linreg": {**MEASURE, "cluster": Source(linreg_study.run, "cluster")},
+    "fusion": {**MEASURE, "seed": Source(fusion_script.fusion.run, "seed"),
+               "cluster": Source(fusion_script.fusion.run, "cluster")},
     "gpt2": {**MEASURE, **GPT2},
     "optimize": {**MEASURE, **OPTIMIZE},
 }

@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _add_optimize_parser(sub) -> None:
+    from tracker.cluster import CLUSTER_HELP
     from tracker.experiment_args import FieldDefault, add_measure_args
 
     o = sub.add_parser(
@@ -120,8 +121,7 @@ def _add_optimize_parser(sub) -> None:
     o.add_argument("--budget", default="", metavar="DURATION",
                    help="wall time of --search, e.g. 20m, 90s, 1h30m (default: no limit)")
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
-    o.add_argument("--cluster", default="", metavar="ADDRESS", help="measure on a Ray cluster's nodes that hold a "
-                   "tracker_slot, e.g. 127.0.0.1:6379 or ray://HEAD:10001 (needs the [cluster] extra)")
+    o.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
     add_measure_args(o)
     o.set_defaults(func=_optimize)
 

@@ -20,7 +20,7 @@ from tracker.base.model_io import load_graph, save_model
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received, sigterm_as_exit
 from tracker.base.vocabulary import Kind, Phase
-from tracker.cluster import Fanout
+from tracker.cluster.driver import Fanout
 from tracker.generation import GenerationFigures
 from tracker.measure.accuracy.output_diff import TOLERANCES
 from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for

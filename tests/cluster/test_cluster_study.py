@@ -22,13 +22,13 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import new_sqlite_store
 from tracker.base.keys import ROLE_NODE_BASELINE, TAG_DISTURBED, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
 from tracker.cli import main
-from tracker.cluster import METRIC_END, METRIC_START, TAG_BASELINE_RUN, TAG_RETRIED
+from tracker.cluster.driver import TAG_BASELINE_RUN, TAG_RETRIED
+from tracker.cluster.node import METRIC_END, METRIC_START
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
               pytest.mark.skipif(local_cluster.namespace_error() is not None,
                                  reason=f"no private network namespace: {local_cluster.namespace_error()}")]
 
-DRIVER = Path(__file__).with_name("study_driver.py")
 ATTEMPTS = ("ort_opt_disabled", "ort_threads_1", "ort_parallel", "int8_dynamic", "int4_block32")
 FAST = ("--min-seconds", "0.05", "--min-runs", "5", "--profile-runs", "3", "--speedup-rounds", "4",
         "--speedup-seconds", "0")
@@ -54,7 +54,7 @@ def mlp(tmp_path_factory) -> Path:
 
 
 def _optimize(model: Path, experiment: str, *, cluster: bool) -> list[str]:
-    return [sys.executable, str(DRIVER), "optimize", str(model), "--attempts", ",".join(ATTEMPTS), *FAST,
+    return [sys.executable, local_cluster.__file__, "optimize", str(model), "--attempts", ",".join(ATTEMPTS), *FAST,
             "--experiment", experiment, *(["--cluster", local_cluster.ADDRESS] if cluster else [])]
 
 

@@ -14,11 +14,11 @@ no route to the store: a team's `mlflow-artifacts:` proxy or its bucket may be u
 the driver logs (`wire`).
 
 Scope: the forward scenario. A generation scenario or a search on a cluster is refused before any work.
+
+The package itself holds only what reaching a cluster needs (`address`), so the command line's parser stays light:
+the driver is `tracker.cluster.driver`, the nodes' side `tracker.cluster.node`.
 """
 
-from tracker.cluster.address import INSTALL_HINT, SLOT, Address, ClusterError, ray_missing_message
-from tracker.cluster.driver import TAG_BASELINE_RUN, TAG_RETRIED, Fanout
-from tracker.cluster.node import METRIC_END, METRIC_START, NODE_TYPE_LABEL
+from tracker.cluster.address import CLUSTER_HELP, INSTALL_HINT, SLOT, Address, ClusterError, ray_missing_message
 
-__all__ = ["INSTALL_HINT", "METRIC_END", "METRIC_START", "NODE_TYPE_LABEL", "SLOT", "TAG_BASELINE_RUN", "TAG_RETRIED",
-           "Address", "ClusterError", "Fanout", "ray_missing_message"]
+__all__ = ["CLUSTER_HELP", "INSTALL_HINT", "SLOT", "Address", "ClusterError", "ray_missing_message"]

@@ -19,6 +19,8 @@ CONNECT_TIMEOUT_S = 10.0
 # HOST:PORT (an IPv6 host in brackets), or ray://HOST:PORT (Ray Client, e.g. KubeRay's head service on 10001)
 _ADDRESS = re.compile(r"(?P<scheme>ray://)?(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(?P<port>[0-9]{1,5})")
 FORMS = "HOST:PORT (the head's GCS port, e.g. 127.0.0.1:6379), ray://HOST:PORT (Ray Client) or auto"
+CLUSTER_HELP = ("measure on the nodes of the Ray cluster at ADDRESS that hold a tracker_slot, e.g. 127.0.0.1:6379 or "
+                "ray://HEAD:10001 (needs the [cluster] extra); empty: here")
 
 
 class ClusterError(TrackerError, ConnectionError):

@@ -20,12 +20,13 @@ from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, make_linear_model
 
 
 def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
-        session: SessionConfig | None = None, seed: int = 0) -> Study:
-    """Builds the model from `seed` and logs the five attempts."""
+        session: SessionConfig | None = None, seed: int = 0, cluster: str | None = None) -> Study:
+    """Builds the model from `seed` and logs the five attempts (measured on the Ray cluster at `cluster`, if
+    given)."""
     model = make_linear_model(n_features=100, seed=seed)
     feeds = {"X": np.random.default_rng(seed).standard_normal((4, 100)).astype(np.float32)}
     session = session or SessionConfig()
-    with Study("fusion", feeds=feeds, experiment=experiment, config=measure,
+    with Study("fusion", feeds=feeds, experiment=experiment, config=measure, cluster=cluster,
                params={"model": "Add(MatMul(X, Add(A, EyeLike(A))), B)", "X.shape": "4x100"}) as study:
         study.attempt("reference_baseline", model, runtime="reference", tolerance=EXACT,
                       description="unfused model under onnx.reference.ReferenceEvaluator")

@@ -60,6 +60,7 @@ class GPT2StudyConfig:
         scenarios: some of SCENARIOS; "forward" always (the attempts' runs are its measurement).
         generation: what the generation scenario measures; its decode step is timed against the baseline's at
             its `speedup_past_len`, with `measure.speedup`.
+        cluster: the Ray address of a cluster to measure the forward scenario on (`tracker.cluster`); None: here.
     """
 
     model: str | None = None
@@ -75,6 +76,7 @@ class GPT2StudyConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     scenarios: tuple[str, ...] = ("forward",)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
+    cluster: str | None = None
 
     def __post_init__(self) -> None:
         if "forward" not in self.scenarios or not set(self.scenarios) <= set(SCENARIOS):
@@ -85,6 +87,8 @@ class GPT2StudyConfig:
             raise ValueError(f"headline_seq {self.headline_seq} must be one of seq_lens {self.seq_lens}")
         if self.batch < 1:
             raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if self.cluster and "generation" in self.scenarios:
+            raise ValueError("the generation scenario is not supported on a cluster yet: run it without --cluster")
         for spec in self.attempts or ():
             try:
                 get_entry(spec)
@@ -193,7 +197,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         setup = StudySetup(tags={TAG_WEIGHTS: weights}, workdir=work / "measure", generation=scenario,
                            latency_feeds={f"s{n}": f for n, f in feeds.items()}, prior_steps=steps)
         with Study("gpt2", feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
-                   params=params, setup=setup) as study:
+                   params=params, setup=setup, cluster=config.cluster) as study:
             study.attempt("baseline", exported.path, session=config.session, tolerance=LOGITS_FP32,
                           description=f"{title} exported with the {exported.exporter} exporter ({weights})",
                           metrics=baseline_metrics, params=baseline_params)

@@ -17,8 +17,9 @@ ATTEMPTS = ("ort_opt_disabled", "ort_opt_enabled")
 
 
 def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
-        session: SessionConfig | None = None) -> Study:
-    """Trains the model, converts it with skl2onnx and logs the baseline and the session attempts."""
+        session: SessionConfig | None = None, cluster: str | None = None) -> Study:
+    """Trains the model, converts it with skl2onnx and logs the baseline and the session attempts (measured on the
+    Ray cluster at `cluster`, if given)."""
     from skl2onnx import to_onnx
     from sklearn.datasets import load_diabetes
     from sklearn.linear_model import LinearRegression
@@ -36,7 +37,7 @@ def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
 
     session = session or SessionConfig()
     with Study("linreg", feeds=feeds, experiment=experiment, config=measure, setup=StudySetup(evaluate=quality),
-               params={"data": "sklearn diabetes", "split.random_state": "11", "model": "LinearRegression"}) as study:
+               cluster=cluster, params={"data": "sklearn diabetes", "split.random_state": "11", "model": "LinearRegression"}) as study:
         study.attempt("baseline", onx, session=session,
                       description="skl2onnx LinearRegression, ORT default session settings")
         for entry in ATTEMPTS:
