@@ -48,15 +48,18 @@ def test_the_addresses_ray_init_takes_are_read(text, host, port):
     assert Address.parse(text) == Address(text, host=host, port=port)
 
 
-def test_an_unreachable_cluster_is_one_error_line_and_no_run(model_path, store, capsys):
-    port = _closed_port()
+@pytest.mark.parametrize("unreachable", [True, False], ids=["unreachable", "malformed"])
+def test_a_cluster_that_cannot_be_used_is_one_error_line_and_no_run(model_path, store, capsys, unreachable):
+    address = f"127.0.0.1:{_closed_port()}" if unreachable else "127.0.0.1"
 
-    code = main(["optimize", str(model_path), "--cluster", f"127.0.0.1:{port}", "--experiment", "unreachable"])
+    code = main(["optimize", str(model_path), "--cluster", address, "--experiment", "unreachable"])
 
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2
-    assert len(err) == 1 and err[0].startswith(f"error: cannot reach the Ray cluster at 127.0.0.1:{port} ("), err
-    assert "ray start --head" in err[0]
+    assert code == 2 and len(err) == 1, err
+    if unreachable:
+        assert err[0].startswith(f"error: cannot reach the Ray cluster at {address} (") and "ray start --head" in err[0]
+    else:
+        assert err[0].startswith("error: --cluster '127.0.0.1' is not a Ray address; expected HOST:PORT")
     assert store.search_runs([e.experiment_id for e in store.search_experiments()]) == []  # no work was done
 
 

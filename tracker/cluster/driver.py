@@ -22,7 +22,7 @@ from tracker.base.vocabulary import RunStatus
 from tracker.cluster.address import SLOT, Address, ClusterError, connect, import_ray, measuring_nodes
 from tracker.cluster.node import NodeInfo, NodeMeasurer
 from tracker.cluster.records import RecordedRows, one_line
-from tracker.cluster.wire import Job, ModelFiles, Returned, unpack_record
+from tracker.cluster.wire import MODEL_FILE, Job, ModelFiles, Returned, unpack_record
 from tracker.measure.attempt import Attempt, AttemptResult
 from tracker.pipeline import AttemptSetup, log_or_keep
 from tracker.report.rows import AttemptRow
@@ -105,16 +105,16 @@ class Fanout:
             self._start(setup)
         seq = len(self._attempts)
         self._attempts[seq] = attempt
-        files = ModelFiles.of(attempt.model)
-        key = str(Path(attempt.model).resolve()) if isinstance(attempt.model, Path) else None
-        if key is None or key not in self._models:
-            model = ray.put(files)
+        key = str(attempt.model.resolve()) if isinstance(attempt.model, Path) else None
+        if key is None or key not in self._models:  # a model file is read and sent once, however many attempts use it
+            model = ray.put(ModelFiles.of(attempt.model))
             if key is not None:
                 self._models[key] = model
         else:
             model = self._models[key]
+        name = attempt.model.name if isinstance(attempt.model, Path) else MODEL_FILE
         baseline = attempt.runtime not in self._baselines
-        job = Job(seq, dataclasses.replace(attempt, model=Path(files.name)), dict(setup.tags), baseline=baseline)
+        job = Job(seq, dataclasses.replace(attempt, model=Path(name)), dict(setup.tags), baseline=baseline)
         if baseline:  # measured again on every node: each node judges its attempts against its own
             self._baselines.add(attempt.runtime)
             tasks = [(n.own, _Task(job, model, n.info.node_type)) for n in self._nodes if n.alive]
@@ -190,7 +190,7 @@ class Fanout:
         for node in self._nodes:
             if node.busy is not None:
                 task = node.busy[0]
-                node.busy = None
+                node.busy, node.alive = None, False
                 ray.kill(node.actor, no_restart=True)
                 self._log_failed(task, f"interrupted ({why}) while measuring on node {node.info.node_id}",
                                  node=node.info)
