@@ -53,17 +53,18 @@ def mlp(tmp_path_factory) -> Path:
     return path
 
 
-def _optimize(model: Path, experiment: str, *, cluster: bool) -> list[str]:
-    return [sys.executable, local_cluster.__file__, "optimize", str(model), "--attempts", ",".join(ATTEMPTS), *FAST,
+def _optimize(model: Path, experiment: str, *, cluster: bool, attempts: tuple[str, ...] = ATTEMPTS) -> list[str]:
+    return [sys.executable, local_cluster.__file__, "optimize", str(model), "--attempts", ",".join(attempts), *FAST,
             "--experiment", experiment, *(["--cluster", local_cluster.ADDRESS] if cluster else [])]
 
 
-def _on_cluster(tmp_path_factory, model: Path, name: str, **when) -> tuple[subprocess.CompletedProcess, dict, str]:
-    """Runs the study on a new two-node cluster into a store of its own: the driver's process, the runs of its
-    (only) study (`_runs`) and the store's URI."""
+def _on_cluster(tmp_path_factory, model: Path, name: str, *, attempts: tuple[str, ...] = ATTEMPTS,
+                **options) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """Runs the study on a new two-node cluster (`options`: `local_cluster.run`'s) into a store of its own: the
+    driver's process, the runs of its (only) study (`_runs`) and the store's URI."""
     folder, uri, _ = new_sqlite_store(tmp_path_factory, name)
-    done = local_cluster.run(_optimize(model, name, cluster=True), nodes=2, cwd=folder,
-                             env={"MLFLOW_TRACKING_URI": uri}, timeout_s=240, **when)
+    done = local_cluster.run(_optimize(model, name, cluster=True, attempts=attempts), nodes=2, cwd=folder,
+                             env={"MLFLOW_TRACKING_URI": uri}, timeout_s=240, **options)
     return done, _runs(uri, name), uri
 
 
@@ -177,3 +178,24 @@ def test_ctrl_c_on_the_driver_ends_the_attempts_in_flight_as_failed_runs_and_kee
     assert any("while measuring on node" in r.data.tags["tracker.error"] for r in failed)
     assert all(r.info.status in ("FINISHED", "FAILED") for r in attempts)  # none left running
     assert runs["study"][0].info.status == "FAILED"
+
+
+def test_on_two_node_types_each_attempt_is_measured_on_each_against_its_own_baseline(tmp_path_factory, mlp,
+                                                                                   monkeypatch, capsys):
+    attempts = ("ort_opt_disabled", "int8_dynamic")
+    done, runs, uri = _on_cluster(tmp_path_factory, mlp, "types", attempts=attempts, labels=["alpha", "beta"])
+
+    assert done.returncode == 0, done.stderr[-6000:]
+    baselines = {b.data.tags[TAG_NODE_TYPE]: b for b in runs["baseline"]}
+    assert set(baselines) == {"alpha", "beta"}  # each type's baseline row: neither is a node's second baseline
+    assert {b.data.tags[TAG_ROLE] for b in baselines.values()} == {"attempt"}
+    for name in attempts:
+        assert sorted(r.data.tags[TAG_NODE_TYPE] for r in runs[name]) == ["alpha", "beta"]  # once per type
+        for run in runs[name]:
+            assert run.info.status == "FINISHED"
+            assert run.data.tags[TAG_BASELINE_RUN] == baselines[run.data.tags[TAG_NODE_TYPE]].info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert main(["compare", runs["study"][0].info.run_id, "--json"]) == 0
+    compared = json.loads(capsys.readouterr().out)
+    assert len(compared["attempts"]) == 2 * (1 + len(attempts))  # one row per (attempt, node type)
+    assert set(compared["best_by_node_type"]) == {"alpha", "beta"}

@@ -36,6 +36,9 @@ TAG_BASELINE_RUN = "tracker.baseline_run"  # an attempt's run: the run of the ba
 TAG_RETRIED = "tracker.cluster.retried"  # an attempt measured again after its node died: why
 START_TIMEOUT_S = 60.0  # for every node's measurer to start (a slot another study holds frees only when it ends)
 POLL_S = 0.5  # a wait's granularity: Ctrl-C is handled between two
+# Tasks sent to a node's measurer at once: it measures one at a time, and starts the next as soon as one ends, while
+# the driver may be busy making a candidate.
+DEPTH = 2
 
 
 @dataclasses.dataclass(eq=False)
@@ -44,7 +47,9 @@ class _Node:
     info: NodeInfo
     own: deque[_Task] = dataclasses.field(default_factory=deque)  # this node's baselines, before anything else
     runtimes: set[str] = dataclasses.field(default_factory=set)  # whose baseline it measured
-    busy: tuple[_Task, Any] | None = None  # the task it measures, and the reference to its result
+    cut: _Task | None = None  # the task it was measuring when it died
+    # the tasks sent to its measurer, in order (it measures the first), each with the reference to its result
+    sent: list[tuple[_Task, Any]] = dataclasses.field(default_factory=list)
     alive: bool = True
 
 
@@ -52,6 +57,7 @@ class _Node:
 class _Task:
     job: Job
     model: Any  # the reference of the attempt's `ModelFiles` in the object store
+    model_key: str  # its key among `Fanout._models`
     node_type: str
     retried: str | None = None  # why it was measured again, after its first node died
 
@@ -81,7 +87,9 @@ class Fanout:
         self._queues: dict[str, deque[_Task]] = {}  # node type -> attempts waiting for a node of that type
         self._pending: dict[int, int] = {}  # job seq -> its tasks not logged yet
         self._attempts: dict[int, Attempt] = {}
-        self._models: dict[str, Any] = {}  # model path -> its `ModelFiles` in the object store, sent once
+        # model path -> its `ModelFiles` in the object store and the tasks still to log that use it: a file is read
+        # and sent once however many attempts use it, and freed when the last of them is logged
+        self._models: dict[str, list] = {}
         self._baselines: set[str] = set()  # runtimes whose baseline was sent
         self._node_baseline_runs: dict[tuple[str, str], str] = {}  # (node id, runtime) -> its baseline's run id
         self._work: Path | None = None  # where records are unpacked, then logged
@@ -105,24 +113,24 @@ class Fanout:
             self._start(setup)
         seq = len(self._attempts)
         self._attempts[seq] = attempt
-        key = str(attempt.model.resolve()) if isinstance(attempt.model, Path) else None
-        if key is None or key not in self._models:  # a model file is read and sent once, however many attempts use it
-            model = ray.put(ModelFiles.of(attempt.model))
-            if key is not None:
-                self._models[key] = model
-        else:
-            model = self._models[key]
+        key = str(attempt.model.resolve()) if isinstance(attempt.model, Path) else f"in memory {seq}"
+        if key not in self._models:
+            self._models[key] = [ray.put(ModelFiles.of(attempt.model)), 0]
+        model = self._models[key][0]
         name = attempt.model.name if isinstance(attempt.model, Path) else MODEL_FILE
         baseline = attempt.runtime not in self._baselines
         job = Job(seq, dataclasses.replace(attempt, model=Path(name)), dict(setup.tags), baseline=baseline)
         if baseline:  # measured again on every node: each node judges its attempts against its own
             self._baselines.add(attempt.runtime)
-            tasks = [(n.own, _Task(job, model, n.info.node_type)) for n in self._nodes if n.alive]
+            tasks = [(n.own, _Task(job, model, key, n.info.node_type)) for n in self._nodes if n.alive]
         else:  # once per node type
-            tasks = [(queue, _Task(job, model, node_type)) for node_type, queue in self._queues.items()]
+            tasks = [(queue, _Task(job, model, key, node_type)) for node_type, queue in self._queues.items()]
         for queue, task in tasks:
             queue.append(task)
         self._pending[seq] = len(tasks)
+        self._models[key][1] += len(tasks)
+        if not self._models[key][1]:  # no node to send it to
+            del self._models[key]
         logger.info("study %s: attempt %s sent to %s", self.study, attempt.name,
                     f"all {len(tasks)} nodes (its runtime's baseline)" if baseline else f"{len(tasks)} node type(s)")
         self.poll()
@@ -147,13 +155,13 @@ class Fanout:
     def poll(self, *, timeout_s: float = 0.0) -> None:
         """Logs the records that came back (waiting up to `timeout_s` for one), and gives free nodes work."""
         ray = import_ray()
-        busy = {n.busy[1]: n for n in self._nodes if n.busy is not None}
-        if busy:
-            ready, _ = ray.wait(list(busy), num_returns=1, timeout=timeout_s, fetch_local=False)
+        sent = {ref: n for n in self._nodes for _, ref in n.sent}
+        if sent:
+            ready, _ = ray.wait(list(sent), num_returns=1, timeout=timeout_s, fetch_local=False)
             if ready:  # and every other one ready by now
-                ready, _ = ray.wait(list(busy), num_returns=len(busy), timeout=0, fetch_local=False)
+                ready, _ = ray.wait(list(sent), num_returns=len(sent), timeout=0, fetch_local=False)
             for ref in ready:
-                self._collect(busy[ref])
+                self._collect(sent[ref], ref)
         self._dispatch()
 
     def wait(self) -> None:
@@ -188,12 +196,13 @@ class Fanout:
         except Exception as e:  # a node that went meanwhile: what it measured is lost, the others are logged
             logger.warning("study %s: could not collect every record before stopping (%s)", self.study, e)
         for node in self._nodes:
-            if node.busy is not None:
-                task = node.busy[0]
-                node.busy, node.alive = None, False
+            if node.sent:
                 ray.kill(node.actor, no_restart=True)
-                self._log_failed(task, f"interrupted ({why}) while measuring on node {node.info.node_id}",
-                                 node=node.info)
+                node.alive = False
+            for index, (task, _) in enumerate(node.sent):
+                where = "while measuring" if index == 0 else "waiting"
+                self._log_failed(task, f"interrupted ({why}) {where} on node {node.info.node_id}", node=node.info)
+            node.sent = []
             self._drop_own(node)
         for queue in self._queues.values():
             while queue:
@@ -219,7 +228,7 @@ class Fanout:
     def rows(self) -> list[AttemptRow]:
         """The rows of every run logged, in study order, each attempt's node types in the order the nodes were
         found."""
-        return self.recorded.rows([n.info.node_type for n in self._nodes])
+        return self.recorded.rows(list(self._queues))  # its keys: the node types, as the nodes were found
 
     def _start(self, setup: AttemptSetup) -> None:
         """Starts one measurer on each node holding a `tracker_slot`, pinned there; waits for them to start.
@@ -257,14 +266,14 @@ class Fanout:
                     f" ({len(late)} busy elsewhere, left out)" if late else "", types)
 
     def _dispatch(self) -> None:
-        """Gives each free node its next task: its own baselines first, then the next attempt of its type whose
-        runtime it has a baseline of; fails the attempts no live node can take any more."""
+        """Gives each node holding fewer than `DEPTH` tasks its next ones: its own baselines first, then the next
+        attempts of its type whose runtime it has a baseline of; fails the attempts no live node can take any more."""
         for node in self._nodes:
-            if not node.alive or node.busy is not None:
-                continue
-            task = node.own.popleft() if node.own else self._next_for(node)
-            if task is not None:
-                node.busy = (task, node.actor.measure.remote(task.job, task.model))
+            while node.alive and len(node.sent) < DEPTH:
+                task = node.own.popleft() if node.own else self._next_for(node)
+                if task is None:
+                    break
+                node.sent.append((task, node.actor.measure.remote(task.job, task.model)))
         self._fail_stranded()
 
     def _next_for(self, node: _Node) -> _Task | None:
@@ -281,7 +290,7 @@ class Fanout:
         for node_type, queue in self._queues.items():
             nodes = [n for n in self._nodes if n.alive and n.info.node_type == node_type]
             able = {r for n in nodes for r in n.runtimes}
-            able |= {t.job.attempt.runtime for n in nodes for t in [*n.own, *([n.busy[0]] if n.busy else [])]
+            able |= {t.job.attempt.runtime for n in nodes for t in [*n.own, *(task for task, _ in n.sent)]
                      if t.job.baseline}
             for task in [t for t in queue if t.job.attempt.runtime not in able]:
                 queue.remove(task)
@@ -290,19 +299,23 @@ class Fanout:
                        "(it failed there)")
                 self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}")
 
-    def _collect(self, node: _Node) -> None:
-        """Logs the record `node` returned; a node that died costs its attempt one retry on another node."""
+    def _collect(self, node: _Node, ref: Any) -> None:
+        """Logs the record `node` returned as `ref`; a node that died costs each attempt sent to it one retry on
+        another node."""
         ray = import_ray()
-        assert node.busy is not None  # only busy nodes are collected
-        task, ref = node.busy
-        node.busy = None
+        task = next(t for t, r in node.sent if r == ref)
         try:
             returned: Returned = ray.get(ref)
         except ray.exceptions.RayActorError as e:  # the node (or its measurer) died
-            node.alive = False
+            if node.alive:  # the first of its tasks to say so: the one it was measuring is the first sent
+                node.alive, node.cut = False, node.sent[0][0]
+                self._drop_own(node)
+            node.sent = [(t, r) for t, r in node.sent if r != ref]
+            if task is not node.cut:  # sent, not started: measured by another node as if never sent
+                self._queues[task.node_type].appendleft(task)
+                return
             why = f"node {node.info.node_id} ({node.info.hostname}) died while measuring it: {one_line(str(e), 200)}"
             logger.error("study %s: attempt %s: %s", self.study, task.job.attempt.name, why)
-            self._drop_own(node)
             if task.job.baseline or task.retried is not None:
                 self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}", node=node.info)
             else:  # first in line: measured next by a free node of its type
@@ -310,8 +323,10 @@ class Fanout:
                 self._queues[task.node_type].appendleft(task)
             return
         except ray.exceptions.RayError as e:
+            node.sent = [(t, r) for t, r in node.sent if r != ref]
             self._log_failed(task, f"its node could not measure it: {one_line(str(e))}", node=node.info)
             return
+        node.sent = [(t, r) for t, r in node.sent if r != ref]
         assert self._work is not None  # made when the nodes started
         folder = self._work / f"{task.job.seq}-{node.info.node_id[:12]}"
         try:
@@ -339,12 +354,20 @@ class Fanout:
         if task.job.baseline and node_id is not None and logged.run_id is not None:
             self._node_baseline_runs[(node_id, runtime)] = logged.run_id
         self.recorded.add(task.job.seq, record, logged)
-        self._pending[task.job.seq] -= 1
+        self._done(task)
 
     def _drop_own(self, node: _Node) -> None:
         """Forgets the baselines a node that stopped was still to measure: they were its own."""
         while node.own:
-            self._pending[node.own.popleft().job.seq] -= 1
+            self._done(node.own.popleft())
+
+    def _done(self, task: _Task) -> None:
+        """A task logged or dropped: its attempt waits for one task less, and its model, used by no task left, is
+        freed from the object store."""
+        self._pending[task.job.seq] -= 1
+        self._models[task.model_key][1] -= 1
+        if not self._models[task.model_key][1]:
+            del self._models[task.model_key]
 
     def _log_failed(self, task: _Task, why: str, *, node: NodeInfo | None = None) -> None:
         """Logs a FAILED run of an attempt the nodes did not measure, or not to the end, saying why."""
