@@ -239,7 +239,8 @@ def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int)
         prefill, decode = rates(runs, prompt_len, new_tokens)
         print(f"| {name} | {prefill:,.0f} | {decode:,.1f} | {1e3 / decode:.2f} | {decode / reference:.2f}x |")
     first = {name: runs[0].tokens for name, runs in timed.items()}
-    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("tracker int4", "tracker best")):
+    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("genai int4", "tracker best"),
+                 ("tracker int4", "tracker best")):
         same = first[a] == first[b]
         where = "-" if same.all() else int(np.argmax(~same))
         print(f"greedy tokens, {a} vs {b}: {same.mean():.0%} equal (first difference at {where})")
