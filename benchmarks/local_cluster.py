@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,8 +86,11 @@ def run(driver: list[str], *, nodes: int, cwd: Path, env: dict[str, str] | None 
     try:
         text = script(driver, nodes=nodes, temp=temp, labels=labels, kill_node_when=kill_node_when,
                       interrupt_when=interrupt_when)
+        # SIGINT back to its default: a shell's `&` job starts with it ignored, and every process here would inherit
+        # that, the driver's Ctrl-C (`interrupt_when`) included
         done = subprocess.run(["unshare", "-n", "bash", "-c", text], cwd=cwd, capture_output=True, text=True,
-                              env={**os.environ, **FAST_HEALTH_CHECKS, **(env or {})}, timeout=timeout_s)
+                              env={**os.environ, **FAST_HEALTH_CHECKS, **(env or {})}, timeout=timeout_s,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     except BaseException:  # a timeout kills only the script: its trap did not stop the nodes
         for pid in (temp / "pids").read_text().split() if (temp / "pids").exists() else []:
             subprocess.run(["kill", "-KILL", "--", f"-{pid}"], capture_output=True)

@@ -48,7 +48,9 @@ def test_ctrl_c_while_the_default_store_is_built_leaves_none_half_built(tmp_path
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "m.onnx"))
     command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2",
                "--min-seconds", "0"]
-    cut = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as a user's terminal sends it, even when this test runs with SIGINT ignored (a shell's `&` job)
+    cut = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not _migrating(tmp_path):  # MLflow has made its tables and is running its migrations (seconds)
         assert cut.poll() is None and time.monotonic() < deadline, "the command never began building the store"

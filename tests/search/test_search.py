@@ -160,7 +160,9 @@ def test_ctrl_c_during_a_search_keeps_what_was_logged_marks_the_cut_attempt_fail
     proc = subprocess.Popen([sys.executable, "-m", "tracker", "optimize", str(sensitive_mlp[0]), "--search",
                              "--attempts", "ort_opt_disabled", "--task", "regression", "--experiment", "own",
                              "--dim", "N=64", "--speedup-seconds", "30", "--speedup-rounds", "20"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # Ctrl-C as a terminal sends it, even when this test runs with SIGINT ignored (`&`)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         for line in proc.stdout:
