@@ -226,6 +226,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     """Ends a study run, after logging its summary and report if it has none; whether it logged them."""
     from tracker import compare
     from tracker.report.rows import study_counts
+    from tracker.report.scenarios import scenario_tags
     from tracker.report.study import build_study_report
     from tracker.store import kept_runs, read
 
@@ -241,8 +242,9 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
         return False
     comparison = compare.load_comparison(study_run_id=run_id)
     rows, best = comparison.rows, comparison.best
-    # The step times only the study's process knew, with the counts of what is on the server now.
-    summary = {"metrics": {**saved_metrics, **study_counts(rows)}, "best": best}
+    # The step times only the study's process knew, with the counts and the scenarios' (and node types') bests of what
+    # is on the server now.
+    summary = {"metrics": {**saved_metrics, **study_counts(rows)}, "best": best, "tags": scenario_tags(rows)}
     study = parent.tags.get(TAG_STUDY, parent.name)
     with tempfile.TemporaryDirectory(prefix="tracker-upload-") as tmp:
         built = build_study_report(rows, tmp, study=study, best=best)

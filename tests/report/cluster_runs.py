@@ -92,10 +92,11 @@ def _record(run: Run, study: str, nodes: dict[str, str] | None) -> AttemptRecord
                          tags=tags | {TAG_STATUS: Status.OK, TAG_VERDICT: run.verdict})
 
 
-def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes: dict[str, str] | None
-                      ) -> LoggedStudy:
-    """Logs `runs` as study `name` (in experiment `name`), with the node tags `nodes` gives, and the study's
-    summary and report as `Study.__exit__` does: counts, best and tags from the rows of every run it logged."""
+def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes: dict[str, str] | None, *,
+                      summary: bool = True) -> LoggedStudy:
+    """Logs `runs` as study `name` (in experiment `name`), with the node tags `nodes` gives, and, unless `summary` is
+    False (a study whose end the store missed, for `tracker upload` to finish), the study's summary and report as
+    `Study.__exit__` does: counts, best and tags from the rows of every run it logged."""
     from tracker import compare
     from tracker.report.rows import pick_best, study_counts
     from tracker.report.scenarios import scenario_tags
@@ -114,6 +115,8 @@ def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes:
                 assert logged.run_id is not None, f"run {run} was not logged: {logged}"
                 ids.append(logged.run_id)
                 time.sleep(0.01)  # distinct start times: `compare` orders a study's runs by them
+            if not summary:
+                return LoggedStudy(uri, parent.info.run_id, ids)
             rows = [compare.row_from_run(r) for r in read.fetch_runs(ids, tables=())]
             best = pick_best(rows)
             write.log_study_summary(metrics=study_counts(rows), best=best, tags=scenario_tags(rows))
