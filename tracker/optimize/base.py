@@ -189,3 +189,31 @@ def count_ops(model: onnx.ModelProto, op_types: tuple[str, ...]) -> dict[str, in
 def ort_fused_counts(statistics: Mapping[str, int]) -> dict[str, int]:
     """ORT's `get_fused_operator_statistics()` as plain non-negative ints."""
     return {str(op): int(count) for op, count in statistics.items()}
+
+
+def drop_dead_nodes(graph: onnx.GraphProto) -> None:
+    """Removes nodes no graph output depends on, and the weights only they read (a rewrite leaves them: the
+    decoder's own causal mask once no attention reads it, the shapes of Reshapes folded away)."""
+    nodes = list(graph.node)
+    needed = {o.name for o in graph.output}
+    live = [False] * len(nodes)
+    for index in range(len(nodes) - 1, -1, -1):  # nodes are in topological order
+        if any(o in needed for o in nodes[index].output):
+            live[index] = True
+            needed.update(_reads(nodes[index]))
+    kept = [onnx.NodeProto.FromString(n.SerializeToString()) for n, keep in zip(nodes, live) if keep]
+    del graph.node[:]
+    graph.node.extend(kept)
+    used = {name for node in kept for name in _reads(node)} | {o.name for o in graph.output}
+    unused = [init for init in graph.initializer if init.name not in used]
+    for init in unused:
+        graph.initializer.remove(init)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """The values a node reads: its inputs, and those its subgraphs (If, Loop, Scan) take from the outer scope."""
+    names = {name for name in node.input if name}
+    for attribute in node.attribute:
+        for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
+            names.update(name for inner in sub.node for name in _reads(inner))
+    return names

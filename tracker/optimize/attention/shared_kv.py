@@ -24,7 +24,7 @@ from onnx import TensorProto, helper
 from tracker.base.vocabulary import Kind
 from tracker.measure.generation.decoder import SEQLENS_K, TOTAL_SEQUENCE_LENGTH
 from tracker.optimize.attention.rotary_gqa import rewrite_rotary_layers
-from tracker.optimize.base import Candidate, Context
+from tracker.optimize.base import Candidate, Context, drop_dead_nodes
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import copy_model, prepare_output, save_proto
 
@@ -105,7 +105,7 @@ def rewrite_attention(model: onnx.ModelProto) -> int:
         helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),
         helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
     ])
-    _drop_dead_nodes(graph)
+    drop_dead_nodes(graph)
     return rewritten
 
 
@@ -133,25 +133,6 @@ def _rewrite_with_past(model: onnx.ModelProto, attentions: list[onnx.NodeProto],
 def _span(node: onnx.NodeProto) -> str:
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     return f"{attrs.get('start', 0)}:{attrs.get('end', 4)}"
-
-
-def _drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    """Removes nodes no graph output depends on (the decoder's own causal mask, once no attention reads it)."""
-    nodes = list(graph.node)
-    needed = {o.name for o in graph.output}
-    live = [False] * len(nodes)
-    for index in range(len(nodes) - 1, -1, -1):  # nodes are in topological order
-        if any(o in needed for o in nodes[index].output):
-            live[index] = True
-            needed.update(i for i in nodes[index].input if i)
-    kept = [onnx.NodeProto.FromString(n.SerializeToString()) for n, keep in zip(nodes, live) if keep]
-    del graph.node[:]
-    graph.node.extend(kept)
-    # Weights only dead nodes read (the products `rotary_gqa` packed into one) go with them.
-    used = {name for node in kept for name in node.input} | {o.name for o in graph.output}
-    unused = [init for init in graph.initializer if init.name not in used]
-    for init in unused:
-        graph.initializer.remove(init)
 
 
 def has_attention(model: onnx.ModelProto, context: Context) -> str | None:

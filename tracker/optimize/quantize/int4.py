@@ -15,6 +15,7 @@ from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output, save_proto
+from tracker.optimize.quantize.flatten import fold_flattening_reshapes
 from tracker.optimize.quantize.lm_head import lm_head_params, untie_fused_products
 from tracker.optimize.quantize.prepare import model_bytes, prepared
 
@@ -48,7 +49,8 @@ def _quiet_quantizer() -> Iterator[None]:
 @dataclass(frozen=True)
 class Int4(Entry):
     """int4 weight-only MatMul weights (`MatMulNBits`), on the source pre-processed once (`quant_pre_process`,
-    without shape inference), with plain Gemms rewritten as MatMul + Add so their weights can be quantized.
+    without shape inference), with plain Gemms rewritten as MatMul + Add so their weights can be quantized, and
+    the Reshapes that only flattened a product's input for its Gemm folded away (`flatten`).
 
     Knobs: `block_size` (weights per scale), `accuracy_level` (4: int8 compute inside the kernel; 0: fp32),
     `symmetric` (no zero point), `exclude` (nodes of the pre-processed graph left in fp32).
@@ -105,6 +107,7 @@ class Int4(Entry):
             )
             quantizer.process()
         quantized_model = quantizer.model.model
+        folded = fold_flattening_reshapes(quantized_model)
         save_proto(quantized_model, target)
 
         nbits = [node for node in quantized_model.graph.node if node.op_type == "MatMulNBits"]
@@ -121,6 +124,9 @@ class Int4(Entry):
             f"model size {source_bytes / 1e6:.2f} MB -> {target_bytes / 1e6:.2f} MB "
             f"({source_bytes / max(target_bytes, 1):.2f}x smaller)",
         ]
+        if folded:
+            notes.append(f"{folded} MatMulNBits read their input unflattened: the Reshapes around them (and what "
+                         "computed their shapes) dropped")
         if untied:
             notes.append(f"{untied} FusedMatMul with a transposed weight (a tied lm_head, fused) rewritten as MatMul on "
                          "an untied copy of the weight, so it is quantized too")
