@@ -12,7 +12,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP
-from tests.studies.test_studies import artifact_paths, mlflow_run
+from tests.studies.conftest import study_runs
+from tests.studies.test_studies import artifact_paths
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS
@@ -20,15 +21,13 @@ from tracker.studies.gpt2 import DEFAULT_ATTEMPTS
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-TINY = ["-P", "size=tiny", "-P", "seq_lens=8,16", "-P", "headline_seq=8"]
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(tmp_path):
-    client = mlflow_run(tmp_path, "gpt2", *TINY)
-    experiment = client.get_experiment_by_name("studies")
-    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+def test_the_gpt2_study_logs_the_baseline_and_every_attempt_with_its_evidence(main_store):
+    client = main_store
+    runs = study_runs(client, "gpt2")
     assert set(runs) == {"gpt2", "baseline", *DEFAULT_ATTEMPTS}
     parent = runs["gpt2"]
     assert parent.data.tags["tracker.weights"] == "random (seeded), not pretrained"

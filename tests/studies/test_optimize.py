@@ -99,7 +99,9 @@ def test_a_classifier_pipeline_is_optimized_and_judged_by_its_classes(tmp_path, 
 
 @pytest.mark.slow
 def test_a_convolutional_net_gets_its_quantized_attempts_and_a_verdict_for_each(tmp_path, convnet):
-    optimize(tmp_path, convnet, "--task", "classification", "--dim", "batch=4")
+    # The int8 attempts only (the session entries are the same on any model, and tested on others).
+    optimize(tmp_path, convnet, "--task", "classification", "--dim", "batch=4",
+             "--attempts", "int8_dynamic,int8_static_minmax,int8_static_percentile")
     runs = runs_of(tmp_path)
     assert runs["baseline"].info.status == "FINISHED"
     quantized = [n for n, r in runs.items() if r.data.params.get("precision") == "int8"]
@@ -125,7 +127,9 @@ def tiny_bert(tiny_bert_export, tmp_path_factory) -> Path:
 def test_a_bert_encoder_is_judged_as_an_embedding_int8_passes_and_attention_fuses_in_every_layer(tmp_path, tiny_bert):
     from tests.optimize.conftest import BERT_HEADS, BERT_HIDDEN, BERT_LAYERS
 
-    done = optimize(tmp_path, tiny_bert, "--task", "embedding", "--dim", "batch=2,seq=32")
+    # The two attempts the test judges: every entry on this encoder is tests/optimize/test_encoders.py's.
+    done = optimize(tmp_path, tiny_bert, "--task", "embedding", "--dim", "batch=2,seq=32",
+                    "--attempts", "int8_dynamic,attention_fused")
     runs = runs_of(tmp_path)
     study = runs["tiny-bert"].data.params
     assert (study["model.type"], study["model.num_heads"], study["model.hidden_size"]) == (

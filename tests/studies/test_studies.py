@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+from tests.studies.conftest import study_runs
+from tracker.studies.gpt2 import DEFAULT_ATTEMPTS
+
 # Every test runs `mlflow run` in a child process.
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
@@ -85,9 +88,9 @@ def assert_attempts_nested(runs: dict, study: str, attempts: list[str]) -> None:
         assert run.data.params["env.cpu_count"] == str(os.cpu_count())
 
 
-def test_linreg_study_logs_three_ort_attempts_with_profiles_models_and_quality(tmp_path):
-    client = mlflow_run(tmp_path, "linreg")
-    runs = runs_by_name(client)
+def test_linreg_study_logs_three_ort_attempts_with_profiles_models_and_quality(main_store, tmp_path):
+    client = main_store
+    runs = study_runs(client, "linreg")
     attempts = ["baseline", "ort_opt_disabled", "ort_opt_enabled"]
     assert_attempts_nested(runs, "linreg", attempts)
     assert set(runs) == {"linreg", *attempts}
@@ -123,9 +126,9 @@ def test_linreg_study_logs_three_ort_attempts_with_profiles_models_and_quality(t
     assert not client.list_artifacts(runs["linreg"].info.run_id, "study")
 
 
-def test_fusion_study_has_zero_diff_for_the_fused_op_and_rejects_the_wrong_kernel(tmp_path):
-    client = mlflow_run(tmp_path, "fusion")
-    runs = runs_by_name(client)
+def test_fusion_study_has_zero_diff_for_the_fused_op_and_rejects_the_wrong_kernel(main_store, tmp_path):
+    client = main_store
+    runs = study_runs(client, "fusion")
     attempts = ["reference_baseline", "reference_fused", "reference_fused_wrong", "ort_baseline", "ort_fused"]
     assert_attempts_nested(runs, "fusion", attempts)
     for name in ("reference_fused", "ort_fused"):
@@ -150,9 +153,8 @@ def test_fusion_study_has_zero_diff_for_the_fused_op_and_rejects_the_wrong_kerne
     assert "AddEyeLike" in trace.read_text()
 
 
-def test_main_nests_each_study_under_the_project_run(tmp_path):
-    tiny_gpt2 = ["-P", "size=tiny", "-P", "seq_lens=8", "-P", "headline_seq=8", "-P", "attempts=ort_opt_basic"]
-    client = mlflow_run(tmp_path, "main", *tiny_gpt2)
+def test_main_nests_each_study_under_the_project_run(main_store):
+    client = main_store
     experiment = client.get_experiment_by_name("studies")
     runs = client.search_runs([experiment.experiment_id], max_results=1000)
     by_id = {r.info.run_id: r for r in runs}
@@ -164,9 +166,9 @@ def test_main_nests_each_study_under_the_project_run(tmp_path):
     assert children == {
         "linreg": ["baseline", "ort_opt_disabled", "ort_opt_enabled"],
         "fusion": ["ort_baseline", "ort_fused", "reference_baseline", "reference_fused", "reference_fused_wrong"],
-        "gpt2": ["baseline", "ort_opt_basic"],
+        "gpt2": sorted(["baseline", *DEFAULT_ATTEMPTS]),
     }
-    assert len(by_id) == 1 + 3 + 3 + 5 + 2
+    assert len(by_id) == 1 + sum(1 + len(names) for names in children.values())
     assert all(r.info.status == "FINISHED" for r in runs)
 
 
