@@ -225,14 +225,26 @@ def lineage_tags(entry: Entry) -> dict[str, str]:
     return {TAG_PIPELINE: entry.name, TAG_PARENT_ATTEMPT: entry.parent}
 
 
+# The roofs measured in this process, by thread count: a machine's peaks do not change between two studies of one
+# process (`mlflow run . -e main` runs three), so only the first pays the ~3.5 s.
+_MACHINES: dict[int, MachinePeaks] = {}
+
+
 def measure_machine_or_none() -> MachinePeaks | None:
-    """The machine's roofs at the study's thread count (`SessionConfig`'s default), or None: a machine that
-    cannot be measured costs the attempts their share of peak, never the study."""
+    """The machine's roofs at the study's thread count (`SessionConfig`'s default), measured by the first study of
+    the process that needs them; or None: a machine that cannot be measured costs the attempts their share of peak,
+    never the study (the next study tries again)."""
+    threads = SessionConfig().intra_op_num_threads
+    if threads in _MACHINES:
+        logger.info("machine: the peaks an earlier study of this process measured (%.1f GFLOP/s, %.1f GB/s)",
+                    _MACHINES[threads].peak_gflops, _MACHINES[threads].bandwidth_gbps)
+        return _MACHINES[threads]
     try:
-        return measure_machine(threads=SessionConfig().intra_op_num_threads)
+        _MACHINES[threads] = measure_machine(threads=threads)
     except Exception as e:
         logger.warning("could not measure the machine's peaks (%s: %s); no roofs this study", type(e).__name__, e)
         return None
+    return _MACHINES[threads]
 
 
 def log_failure(study: str | None, name: str, error: BaseException, *, runtime: str,

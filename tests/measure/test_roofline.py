@@ -237,3 +237,23 @@ def test_the_matrix_products_of_every_kind_are_one_row_and_decide_nothing_else()
     wide = R.build_roofline(events, machine=MachinePeaks(peak_gflops=100.0, bandwidth_gbps=1e4, threads=2))
     assert wide.bound == "compute" and wide.metrics()["roofline.memory_bound"] == 0.0
     assert R.build_roofline(synthetic_events(3).iloc[1:]).matmuls is None  # no product, no row
+
+
+def test_the_machine_is_measured_by_the_first_study_of_a_process_and_a_failure_is_tried_again(monkeypatch):
+    import tracker.pipeline as pipeline
+
+    calls = []
+
+    def measured(*, threads):
+        calls.append(threads)
+        if len(calls) == 1:
+            raise RuntimeError("a busy machine")
+        return MachinePeaks(peak_gflops=100.0, bandwidth_gbps=10.0, threads=threads, gemm_size=8, gemm_runs=1,
+                            copy_mb=1, copy_runs=1, seconds=0.1, copy_gbps=10.0, read_gbps=9.0, gemv_gbps=8.0)
+
+    monkeypatch.setattr(pipeline, "_MACHINES", {})
+    monkeypatch.setattr(pipeline, "measure_machine", measured)
+    assert pipeline.measure_machine_or_none() is None  # the failure costs this study its roofs only
+    first = pipeline.measure_machine_or_none()
+    assert first is not None and pipeline.measure_machine_or_none() is first
+    assert calls == [SessionConfig().intra_op_num_threads] * 2
