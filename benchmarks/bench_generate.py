@@ -6,7 +6,9 @@ as the study's baseline (fp32), as `int4_block32` applied to the export, and as 
 GroupQueryAttention with rotary over packed q/k/v, int4) decoding through IO binding (`BoundDecoder`: one KV buffer
 per tensor, allocated once). Every engine gets the same prompts and lengths, in
 one run, in turn (round-robin), and greedy decoding: prefill tokens per second (the prompt pass and the first token),
-decode tokens per second (each later token: one step against the KV cache) and the ratio to genai's int4. Prints the
+decode tokens per second (each later token: one step against the KV cache) and the ratio to genai's int4, as the
+ratio of the medians and as the median of each round's paired ratio with its 95 % interval (20 rounds of 256 new
+tokens by default: with 64 tokens and 5 rounds the interval spans +-20 % on 2 cores). Prints the
 table, the greedy tokens' agreement between engines of one precision, and the op types of the graphs. Asserts nothing.
 
     python benchmarks/bench_generate.py                   # a seeded LLaMA (4 layers, hidden 512, GQA 8/2) built here
@@ -151,6 +153,23 @@ def measure(engines: dict[str, Engine], prompt: np.ndarray, new_tokens: int, run
     return timed
 
 
+def paired_ratio(runs: list[Timed], reference: list[Timed], new_tokens: int) -> tuple[float, float, float]:
+    """This engine's decode tokens per second over the reference's in the same round, for every round: their median
+    and the distribution-free 95 % interval of a median (order statistics: ranks k and n + 1 - k, k the binomial's
+    2.5 % point; the whole range below 6 rounds). Pairing by round cancels what drifts between rounds, which the
+    ratio of two medians does not."""
+    from scipy.stats import binom
+
+    def decode(r: Timed) -> float:
+        return (new_tokens - 1) / (r.total_s - r.first_token_s)
+
+    ratios = sorted(decode(a) / decode(b) for a, b in zip(runs, reference, strict=True))
+    n = len(ratios)
+    k = int(binom.ppf(0.025, n, 0.5))
+    low, high = (ratios[k - 1], ratios[n - k]) if k >= 1 else (ratios[0], ratios[-1])
+    return statistics.median(ratios), low, high
+
+
 def rates(runs: list[Timed], prompt_len: int, new_tokens: int) -> tuple[float, float]:
     """Median prefill tokens per second (prompt tokens over the time to the first token) and median decode tokens
     per second (the later tokens over their time)."""
@@ -233,11 +252,13 @@ def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepare
 
 def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int) -> None:
     reference = rates(timed["genai int4"], prompt_len, new_tokens)[1]
-    print("| engine | prefill tok/s | decode tok/s | ms/token | decode vs genai int4 |")
-    print("|---|---|---|---|---|")
+    print("| engine | prefill tok/s | decode tok/s | ms/token | decode vs genai int4 | paired by round [95 %] |")
+    print("|---|---|---|---|---|---|")
     for name, runs in timed.items():
         prefill, decode = rates(runs, prompt_len, new_tokens)
-        print(f"| {name} | {prefill:,.0f} | {decode:,.1f} | {1e3 / decode:.2f} | {decode / reference:.2f}x |")
+        ratio, low, high = paired_ratio(runs, timed["genai int4"], new_tokens)
+        print(f"| {name} | {prefill:,.0f} | {decode:,.1f} | {1e3 / decode:.2f} | {decode / reference:.2f}x "
+              f"| {ratio:.2f}x [{low:.2f}, {high:.2f}] |")
     first = {name: runs[0].tokens for name, runs in timed.items()}
     for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("genai int4", "tracker best"),
                  ("tracker int4", "tracker best")):
@@ -274,8 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="", help="a local LLaMA-architecture folder; default: a seeded one")
     parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--runs", type=int, default=5, help="timed generations per engine (after one untimed)")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=20,
+                        help="timed generations per engine (after one untimed); 6 or more give the paired ratio an "
+                             "interval narrower than its range")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of every session")
     parser.add_argument("--workdir", default="", help="where the models go (default: a temporary folder)")
@@ -300,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {machine()}; onnxruntime {onnxruntime.__version__}, onnxruntime-genai {og.__version__}")
         print(f"model: {folder if args.model else 'seeded LLaMA ' + json.dumps(SEEDED)}")
         print(f"batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens (greedy), median of {args.runs} "
-              f"generations per engine, engines in turn; intra-op threads {args.threads} everywhere, ORT's default "
+              f"generations per engine, engines in turn (a round: one of each); intra-op threads {args.threads} everywhere, ORT's default "
               f"spinning in every session, {PAUSE_S * 1e3:.0f} ms between generations; load average "
               f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
         print("build / export seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in prepared.seconds.items()), end="\n\n")
