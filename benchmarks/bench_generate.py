@@ -323,9 +323,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine: {machine()}; onnxruntime {onnxruntime.__version__}, onnxruntime-genai {og.__version__}")
         print(f"model: {folder if args.model else 'seeded LLaMA ' + json.dumps(SEEDED)}")
         print(f"batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens (greedy), median of {args.runs} "
-              f"generations per engine, engines in turn (a round: one of each); intra-op threads {args.threads} everywhere, ORT's default "
-              f"spinning in every session, {PAUSE_S * 1e3:.0f} ms between generations; load average "
-              f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
+              f"generations per engine, engines in turn (a round: one of each); intra-op threads {args.threads} "
+              f"everywhere, ORT's default spinning in every session, {PAUSE_S * 1e3:.0f} ms between generations; "
+              f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
         print("build / export seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in prepared.seconds.items()), end="\n\n")
         print_rates(timed, args.prompt_len, args.new_tokens)
         print()

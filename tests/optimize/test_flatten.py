@@ -1,5 +1,6 @@
 """int4 folds the Reshapes that only flattened a linear layer's input for its Gemm (`quantize.flatten`): the
-values do not change (beyond float rounding where the kernel tiles a batch's rows otherwise), the kernels go, and a Reshape that is not a plain flatten and its inverse is left alone."""
+values do not change (beyond float rounding where the kernel tiles a batch's rows otherwise), the kernels go, and
+a Reshape that is not a plain flatten and its inverse is left alone."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _linear(*, restored: list[str | int], flat_read_twice: bool = False) -> onnx
              numpy_helper.from_array(rng.uniform(0.01, 0.1, N * K // BLOCK).astype(np.float32), "scales"),
              numpy_helper.from_array(rng.normal(size=N).astype(np.float32), "bias"),
              numpy_helper.from_array(np.array([-1, K], np.int64), "flat_shape"),
-             numpy_helper.from_array(np.array([0], np.int64), "zero"), numpy_helper.from_array(np.array([2], np.int64), "two"),
+             numpy_helper.from_array(np.array([0], np.int64), "zero"),
+             numpy_helper.from_array(np.array([2], np.int64), "two"),
              numpy_helper.from_array(np.array([N], np.int64), "n")]
     nodes = [
         helper.make_node("Reshape", ["X", "flat_shape"], ["flat"]),
@@ -51,7 +53,8 @@ def _linear(*, restored: list[str | int], flat_read_twice: bool = False) -> onnx
                               outputs, inits,
                               value_info=[helper.make_tensor_value_info("restored", TensorProto.FLOAT, restored),
                                           helper.make_tensor_value_info("product", TensorProto.FLOAT, [None, N])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("com.microsoft", 1)])
 
 
 FEEDS = {"X": np.random.default_rng(1).normal(size=(2, 3, K)).astype(np.float32)}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
 
@@ -217,3 +218,39 @@ def _reads(node: onnx.NodeProto) -> set[str]:
         for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
             names.update(name for inner in sub.node for name in _reads(inner))
     return names
+
+
+# Ops that only move data (between a projection and the attention: [B, S, H*D] -> [B, H, S, D] and back): what a
+# rewrite looks through to find the value another op made.
+LAYOUT_OPS = ("Reshape", "Transpose")
+
+
+class GraphLookups:
+    """Lookups on a graph: each value's producer, its readers, the initializers."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.graph = graph
+        self.producer = {out: node for node in graph.node for out in node.output}
+        self.readers: dict[str, list[onnx.NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                self.readers.setdefault(name, []).append(node)
+        self.initializers = {init.name: init for init in graph.initializer}
+        self.outputs = {o.name for o in graph.output}
+
+    def node(self, value: str, op_type: str) -> onnx.NodeProto | None:
+        node = self.producer.get(value)
+        return node if node is not None and node.op_type == op_type else None
+
+    def through_layout(self, value: str, ops: tuple[str, ...] = LAYOUT_OPS) -> str:
+        """Walks up from `value` through ops that only move data; the first value another op made."""
+        while (node := self.producer.get(value)) is not None and node.op_type in ops:
+            value = node.input[0]
+        return value
+
+    def constant(self, value: str) -> np.ndarray | None:
+        init = self.initializers.get(value)
+        if init is not None:
+            return numpy_helper.to_array(init)
+        node = self.node(value, "Constant")
+        return numpy_helper.to_array(node.attribute[0].t) if node is not None and node.attribute[0].t else None

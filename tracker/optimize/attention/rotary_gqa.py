@@ -24,10 +24,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from tracker.optimize.base import LAYOUT_OPS, GraphLookups
+
 _MS = "com.microsoft"
 _PAST = "past_key_values."
-# Ops between a projection and the attention that only move data: [B, S, H*D] -> [B, H, S, D] and back.
-_LAYOUT = ("Reshape", "Transpose")
 # Rows of the rotary tables when the model does not say its positions (`max_positions` in its metadata).
 DEFAULT_POSITIONS = 4096
 
@@ -46,40 +46,9 @@ class _Layer:
     inv_freq: np.ndarray
 
 
-class _Graph:
-    """Lookups on a graph: each value's producer, its readers, the initializers."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.producer = {out: node for node in graph.node for out in node.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.input:
-                self.readers.setdefault(name, []).append(node)
-        self.initializers = {init.name: init for init in graph.initializer}
-        self.outputs = {o.name for o in graph.output}
-
-    def node(self, value: str, op_type: str) -> onnx.NodeProto | None:
-        node = self.producer.get(value)
-        return node if node is not None and node.op_type == op_type else None
-
-    def through_layout(self, value: str, ops: tuple[str, ...] = _LAYOUT) -> str:
-        """Walks up from `value` through ops that only move data; the first value another op made."""
-        while (node := self.producer.get(value)) is not None and node.op_type in ops:
-            value = node.input[0]
-        return value
-
-    def constant(self, value: str) -> np.ndarray | None:
-        init = self.initializers.get(value)
-        if init is not None:
-            return numpy_helper.to_array(init)
-        node = self.node(value, "Constant")
-        return numpy_helper.to_array(node.attribute[0].t) if node is not None and node.attribute[0].t else None
-
-
 def match_layers(model: onnx.ModelProto) -> list[_Layer] | None:
     """Every fused attention's layer matched, or None when one layer does not match (then nothing is rewritten)."""
-    graph = _Graph(model.graph)
+    graph = GraphLookups(model.graph)
     pasts = {i.name for i in model.graph.input if i.name.startswith(_PAST)}
     attentions = [n for n in model.graph.node if n.op_type == "MultiHeadAttention" and n.domain == _MS]
     if not attentions or len(attentions) * 2 != len(pasts):
@@ -100,17 +69,17 @@ def match_layers(model: onnx.ModelProto) -> list[_Layer] | None:
     return layers
 
 
-def _present_concat(graph: _Graph, value: str, pasts: set[str]) -> onnx.NodeProto | None:
+def _present_concat(graph: GraphLookups, value: str, pasts: set[str]) -> onnx.NodeProto | None:
     """The `Concat(past, new)` on the sequence axis that makes a present output, reached from the attention's key or
     value input through reshapes, transposes and the heads' repetition (Unsqueeze, Expand)."""
-    concat = graph.node(graph.through_layout(value, (*_LAYOUT, "Expand", "Unsqueeze")), "Concat")
+    concat = graph.node(graph.through_layout(value, (*LAYOUT_OPS, "Expand", "Unsqueeze")), "Concat")
     if concat is None or len(concat.input) != 2 or concat.input[0] not in pasts or concat.output[0] not in graph.outputs:
         return None
     axis = next(helper.get_attribute_value(a) for a in concat.attribute if a.name == "axis")
     return concat if axis in (2, -2) else None
 
 
-def _unrotated(graph: _Graph, value: str) -> tuple[str, np.ndarray | None] | None:
+def _unrotated(graph: GraphLookups, value: str) -> tuple[str, np.ndarray | None] | None:
     """For `value = x * cos + concat(-x2, x1) * sin` (LLaMA's rotary): `x` and the inverse frequencies cos and sin
     come from; None for anything else."""
     add = graph.node(value, "Add")
@@ -133,7 +102,7 @@ def _unrotated(graph: _Graph, value: str) -> tuple[str, np.ndarray | None] | Non
     return None
 
 
-def _is_rotate_half(graph: _Graph, value: str, x: str) -> bool:
+def _is_rotate_half(graph: GraphLookups, value: str, x: str) -> bool:
     """`value = concat(-x[..., half:], x[..., :half])`, the last axis."""
     concat = graph.node(value, "Concat")
     if concat is None or len(concat.input) != 2:
@@ -144,7 +113,7 @@ def _is_rotate_half(graph: _Graph, value: str, x: str) -> bool:
     return second is not None and first is not None and second.input[0] == x and first.input[0] == x
 
 
-def _inv_freq(graph: _Graph, value: str, op_type: str) -> np.ndarray | None:
+def _inv_freq(graph: GraphLookups, value: str, op_type: str) -> np.ndarray | None:
     """The inverse frequencies under `value = Unsqueeze(Cos(Concat(f, f)))` with `f = positions * inv_freq`; None when
     anything else (a scale, a rope variant's own factors) lies on the way."""
     trig = graph.node(graph.through_layout(value, ("Unsqueeze", "Cast")), op_type)
@@ -171,7 +140,7 @@ def rewrite_rotary_layers(model: onnx.ModelProto, *, seqlens_k: str, total_seque
     layers = match_layers(model)
     if not layers:
         return 0
-    graph = _Graph(model.graph)
+    graph = GraphLookups(model.graph)
     kv_heads = next(i.type.tensor_type.shape.dim[1].dim_value for i in model.graph.input if i.name.startswith(_PAST))
     props = {p.key: p.value for p in model.metadata_props}
     positions = int(props.get("max_positions", DEFAULT_POSITIONS))
@@ -206,7 +175,7 @@ def rewrite_rotary_layers(model: onnx.ModelProto, *, seqlens_k: str, total_seque
     return len(layers)
 
 
-def _pack(graph: _Graph, layer: _Layer, index: int) -> list[onnx.NodeProto]:
+def _pack(graph: GraphLookups, layer: _Layer, index: int) -> list[onnx.NodeProto]:
     """One MatMul over q, k and v's weights side by side, when the three are MatMuls of one input by 2-D
     initializers; else nothing (the attention then takes the three apart)."""
     products = [graph.node(v, "MatMul") for v in (layer.query, layer.key, layer.value)]

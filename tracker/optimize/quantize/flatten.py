@@ -10,11 +10,9 @@ batch of several rows the kernel may tile them otherwise, which moves the last f
 
 from __future__ import annotations
 
-import collections
-
 import onnx
 
-from tracker.optimize.base import drop_dead_nodes
+from tracker.optimize.base import GraphLookups, drop_dead_nodes
 
 
 def _dims(graph_shapes: dict[str, onnx.TensorShapeProto], name: str) -> list[str | int] | None:
@@ -45,24 +43,19 @@ def fold_flattening_reshapes(model: onnx.ModelProto) -> int:
     graph = model.graph
     shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.input, *graph.output]
               if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
-    producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list[onnx.NodeProto]] = collections.defaultdict(list)
-    for node in graph.node:
-        for name in node.input:
-            consumers[name].append(node)
-    outputs = {o.name for o in graph.output}
+    lookups = GraphLookups(graph)
     reshaped: set[str] = set()  # the outputs that were 2-D and are now [d..., N]
     folded = 0
     for node in graph.node:
         if node.op_type != "MatMulNBits":
             continue
-        flatten = producer.get(node.input[0])
-        if flatten is None or flatten.op_type != "Reshape" or len(consumers[node.input[0]]) != 1:
+        flatten = lookups.node(node.input[0], "Reshape")
+        if flatten is None or len(lookups.readers[node.input[0]]) != 1:
             continue
-        last = consumers[node.output[0]]
+        last = lookups.readers.get(node.output[0], [])
         tail = last[0] if len(last) == 1 and last[0].op_type == "Add" else node
-        after = consumers[tail.output[0]]
-        if len(after) != 1 or after[0].op_type != "Reshape" or after[0].output[0] in outputs:
+        after = lookups.readers.get(tail.output[0], [])
+        if len(after) != 1 or after[0].op_type != "Reshape" or after[0].output[0] in lookups.outputs:
             continue
         unflatten = after[0]
         attrs = {a.name: a.i for a in node.attribute}
@@ -71,9 +64,8 @@ def fold_flattening_reshapes(model: onnx.ModelProto) -> int:
                 or before[:-1] != restored[:-1] or before[-1] != attrs.get("K") or restored[-1] != attrs.get("N")):
             continue
         node.input[0] = flatten.input[0]
-        for reader in consumers[unflatten.output[0]]:
+        for reader in lookups.readers.get(unflatten.output[0], []):  # the two Reshapes are read by nothing now
             reader.input[:] = [tail.output[0] if name == unflatten.output[0] else name for name in reader.input]
-        unflatten.output[0] = f"{unflatten.output[0]}__folded"  # read by nothing now: dropped below
         reshaped.update({node.output[0], tail.output[0]})
         folded += 1
     if folded:
