@@ -1,6 +1,6 @@
-"""`shared_kv` on a narrow 12-layer GPT-2 decode export fused by `attention_fused`: GroupQueryAttention in every layer, the same
-tokens as the source over 16 greedy steps through numpy (a past of its own length) and through IO binding (past and
-present in one buffer), and a model with nothing to rewrite left as it is."""
+"""`shared_kv` on a narrow 12-layer GPT-2 decode export fused by `attention_fused`: GroupQueryAttention in every layer
+(reading q/k/v packed), the same tokens as the source over 16 greedy steps through numpy (a past of its own length) and
+through IO binding (past and present in one buffer), and a model with nothing to rewrite left as it is."""
 
 from __future__ import annotations
 
@@ -48,10 +48,14 @@ def shared(narrow_decoder, tmp_path_factory):
     return _make("attention_fused+shared_kv", narrow_decoder, tmp_path_factory.mktemp("shared"))
 
 
-def test_every_attention_with_a_past_becomes_group_query_attention(shared):
-    ops = [n.op_type for n in onnx.load(str(shared.path), load_external_data=False).graph.node]
+def test_every_attention_with_a_past_becomes_group_query_attention_reading_packed_qkv(shared):
+    nodes = onnx.load(str(shared.path), load_external_data=False).graph.node
+    ops = [n.op_type for n in nodes]
     assert ops.count("GroupQueryAttention") == NARROW["n_layer"]
     assert "MultiHeadAttention" not in ops
+    # GPT-2's c_attn product goes to the attention packed: the Split into query, key and value is gone
+    assert "Split" not in ops
+    assert all(n.input[1] == n.input[2] == "" for n in nodes if n.op_type == "GroupQueryAttention")
     assert shared.applied and shared.fusions["GroupQueryAttention"] == NARROW["n_layer"]
 
 

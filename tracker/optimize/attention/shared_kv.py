@@ -5,7 +5,8 @@ kernel copies the whole past into a new present at every step (~38 MB read and w
 gpt2-small). ONNX Runtime's `GroupQueryAttention` takes the past in a buffer of any capacity, with the valid length
 given apart (`seqlens_k`, `total_sequence_length`); when the decode loop binds past and present to the same buffer
 (`tracker.measure.generation.binding`), the kernel writes only the new positions. This entry rewrites each such
-`MultiHeadAttention` into a `GroupQueryAttention` (causal, as the decoder's own mask is: its mask input is dropped), and
+`MultiHeadAttention` into a `GroupQueryAttention` (causal, as the decoder's own mask is: its mask input is dropped; where
+a `Split` cut one product into query, key and value, as GPT-2's c_attn, the attention reads that product packed), and
 makes the graph read the past's length from `total_sequence_length` instead of the past's shape, so positions stay
 right when the past is a larger buffer. The model gains the two inputs; `DecoderSession` feeds them.
 
@@ -24,7 +25,7 @@ from onnx import TensorProto, helper
 from tracker.base.vocabulary import Kind
 from tracker.measure.generation.decoder import SEQLENS_K, TOTAL_SEQUENCE_LENGTH
 from tracker.optimize.attention.rotary_gqa import rewrite_rotary_layers
-from tracker.optimize.base import Candidate, Context, drop_dead_nodes
+from tracker.optimize.base import Candidate, Context, GraphLookups, drop_dead_nodes
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import copy_model, prepare_output, save_proto
 
@@ -113,14 +114,16 @@ def _rewrite_with_past(model: onnx.ModelProto, attentions: list[onnx.NodeProto],
     """Each `MultiHeadAttention` that takes its past as a `GroupQueryAttention` on the same inputs (GPT-2's form)."""
     graph = model.graph
     past_shape = {i.name: i.type.tensor_type.shape.dim for i in graph.input if i.name in pasts}
-    kv_heads = past_shape[pasts[0]][1].dim_value
+    kv_heads, head_size = past_shape[pasts[0]][1].dim_value, past_shape[pasts[0]][3].dim_value
+    lookups = GraphLookups(graph)
     for node in attentions:
         heads = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "num_heads")
         scale = [helper.get_attribute_value(a) for a in node.attribute if a.name == "scale"]
+        packed = _packed_qkv(lookups, node, [heads * head_size] + [kv_heads * head_size] * 2)
+        qkv = [packed, "", ""] if packed else list(node.input[:3])
         gqa = helper.make_node(
             "GroupQueryAttention",
-            [node.input[0], node.input[1], node.input[2], node.input[6], node.input[7], SEQLENS_K,
-             TOTAL_SEQUENCE_LENGTH],
+            [*qkv, node.input[6], node.input[7], SEQLENS_K, TOTAL_SEQUENCE_LENGTH],
             list(node.output), domain=_MS, name=node.name + "_gqa", num_heads=heads, kv_num_heads=kv_heads,
             **({"scale": scale[0]} if scale else {}),
         )
@@ -128,6 +131,21 @@ def _rewrite_with_past(model: onnx.ModelProto, attentions: list[onnx.NodeProto],
         graph.node.remove(node)
         graph.node.insert(index, gqa)
     return len(attentions)
+
+
+def _packed_qkv(lookups: GraphLookups, node: onnx.NodeProto, sizes: list[int]) -> str | None:
+    """The one tensor whose last axis a `Split` cut into the attention's query, key and value, in that order and of
+    `sizes` (GPT-2's c_attn product): GroupQueryAttention reads it packed, and the Split goes. None otherwise."""
+    split = lookups.node(node.input[0], "Split")
+    if split is None or list(split.output) != list(node.input[:3]):
+        return None
+    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
+    if attrs.get("axis", 0) not in (2, -1):  # the query is [batch, seq, hidden]: rank 3
+        return None
+    given = lookups.constant(split.input[1]) if len(split.input) > 1 and split.input[1] else None
+    if given is not None:
+        return split.input[0] if [int(x) for x in given] == sizes else None
+    return split.input[0] if attrs.get("num_outputs") == 3 and len(set(sizes)) == 1 else None
 
 
 def _span(node: onnx.NodeProto) -> str:
