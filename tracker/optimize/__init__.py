@@ -20,7 +20,7 @@ from tracker.optimize.attention import shared_kv
 from tracker.optimize.base import Candidate, Context, ModelInfo
 from tracker.optimize.chain import SEPARATOR, Chain
 from tracker.optimize.entry import KINDS, Entry, EntryError
-from tracker.optimize.quantize import int4, int8, int8_static
+from tracker.optimize.quantize import int4, int8, int8_static, kv_cache
 
 REGISTRY: dict[str, Entry] = {
     entry.name: entry
@@ -40,13 +40,14 @@ REGISTRY: dict[str, Entry] = {
         int8_static.PERCENTILE,
         int4.BLOCK32,
         int4.BLOCK128,
+        kv_cache.ENTRY,
         add_eyelike.ENTRY,
     )
 }
 
 # Entries that change only how a model decodes against a KV cache (on a forward-only model they leave it as it is):
 # the generation scenario runs them; a forward-only study or search leaves them out unless asked for by name.
-DECODE_ONLY = (session_options.IO_BINDING.name, shared_kv.ENTRY.name)
+DECODE_ONLY = (session_options.IO_BINDING.name, shared_kv.ENTRY.name, kv_cache.ENTRY.name)
 FORWARD_ENTRIES = tuple(name for name in REGISTRY if name not in DECODE_ONLY)
 
 

@@ -33,11 +33,12 @@ DEFAULT_ATTEMPTS = (*(name for name, entry in REGISTRY.items() if entry.kind == 
                     "int4_block32")
 # With the generation scenario, also the fastest decodes this project makes (docs/results.md): attention fused with its
 # past, as GroupQueryAttention on one KV buffer reading q/k/v packed, int4 weights with the lm_head, decoded through IO
-# binding; once in symmetric blocks of 32, once in asymmetric blocks of 128 (a quarter of the scales; on seeded
-# gpt2-small the zero points keep its top-1 agreement where symmetric 128 loses it). On the forward pass each is
-# attention_fused+int4.
+# binding; in symmetric blocks of 32; in asymmetric blocks of 128 (a quarter of the scales: on seeded gpt2-small the
+# zero points keep the top-1 agreement that symmetric 128 loses); and that with the KV cache in int8 (a quarter of
+# the bytes attention reads). On the forward pass each is attention_fused+int4.
 DECODE_ATTEMPTS = ("attention_fused+shared_kv+int4_block32+io_binding",
-                   "attention_fused+shared_kv+int4_block128:symmetric=false+io_binding")
+                   "attention_fused+shared_kv+int4_block128:symmetric=false+io_binding",
+                   "attention_fused+shared_kv+int4_block128:symmetric=false+kv_int8+io_binding")
 # forward: one pass over seq_lens tokens (every attempt's run); generation: prefill, decode against a KV cache,
 # greedy generation, on a decode-ready export with the attempt's entry applied to it (gen.* on the same run).
 SCENARIOS = ("forward", "generation")

@@ -28,7 +28,8 @@ PRESENT_PREFIX = "present."
 SEQLENS_K = "seqlens_k"
 TOTAL_SEQUENCE_LENGTH = "total_sequence_length"
 LENGTH_INPUTS = (SEQLENS_K, TOTAL_SEQUENCE_LENGTH)
-_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+# int8: a cache the attention keeps quantized (`optimize.quantize.kv_cache`)
+_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}
 
 
 def past_names(n_layer: int) -> tuple[str, ...]:
@@ -88,7 +89,7 @@ class DecoderSession:
             raise ValueError(f"past inputs are [batch, heads, past, head_dim] with static heads and head_dim, "
                              f"got {pasts[0]} of shape {shape}")
         if inputs[pasts[0]].type not in _DTYPES:
-            raise ValueError(f"past inputs are float or float16, got {inputs[pasts[0]].type}")
+            raise ValueError(f"past inputs are float, float16 or int8, got {inputs[pasts[0]].type}")
         self.session = session
         self.past_names = pasts
         self.num_heads, self.head_dim = int(shape[1]), int(shape[3])
