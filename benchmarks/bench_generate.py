@@ -2,9 +2,11 @@
 
 onnxruntime-genai's model builder writes the folder as int4 and fp32 CPU models, and its generator (`og.Generator`,
 greedy) generates with them; this project's decode-ready export of the same folder generates with `DecoderSession`,
-as the study's baseline (fp32), as `int4_block32` applied to the export, and as the best chain (`BEST`: fused
-GroupQueryAttention with rotary over packed q/k/v, int4) decoding through IO binding (`BoundDecoder`: one KV buffer
-per tensor, allocated once). Every engine gets the same prompts and lengths, in
+as the study's baseline (fp32), as `int4_block32` applied to the export, and as the study's decode chains (`CHAINS`:
+fused GroupQueryAttention with rotary over packed q/k/v, int4 in genai's default blocks of 32, then `BEST`: in
+asymmetric blocks of 128 with the KV cache in int8) decoding through IO binding (`BoundDecoder`: one KV buffer per
+tensor, allocated once). genai's builder also writes int4 in the same asymmetric blocks of 128 (`genai int4 b128`), so
+the weights' settings and the rest can be told apart. Every engine gets the same prompts and lengths, in
 one run, in turn (round-robin), and greedy decoding: prefill tokens per second (the prompt pass and the first token),
 decode tokens per second (each later token: one step against the KV cache) and the ratio to genai's int4, as the
 ratio of the medians and as the median of each round's paired ratio with its 95 % interval (20 rounds of 256 new
@@ -52,10 +54,14 @@ SEEDED = {"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1376,
 # Pause between two engines' generations: ORT's intra-op threads spin a while after a run (the default, which every
 # session here keeps); the pause lets one session's spinning end before another's run starts.
 PAUSE_S = 0.05
-# The study's best decode chain (as the GPT-2 study's DECODE_ATTEMPTS), decoded through IO binding: attention fused,
-# then, on LLaMA-family graphs, one GroupQueryAttention per layer with its rotary positions and packed q/k/v
-# (`optimize/attention/rotary_gqa`), then int4 weights.
-BEST = "attention_fused+shared_kv+int4_block32"
+# The study's decode chains (as the GPT-2 study's DECODE_ATTEMPTS), decoded through IO binding: attention fused, then,
+# on LLaMA-family graphs, one GroupQueryAttention per layer with its rotary positions and packed q/k/v
+# (`optimize/attention/rotary_gqa`), then int4 weights: in genai's default blocks (symmetric, 32), and the best, in
+# asymmetric blocks of 128 with the KV cache in int8 (`kv_int8`).
+BEST = "attention_fused+shared_kv+int4_block128:symmetric=false+kv_int8"
+CHAINS = {"tracker b32 chain": "attention_fused+shared_kv+int4_block32", "tracker best": BEST}
+# genai's builder in the best chain's weight settings (its defaults: blocks of 32, symmetric)
+GENAI_B128 = ("block_size=128", "is_symmetric=false")
 
 
 @dataclass(frozen=True)
@@ -86,11 +92,11 @@ def seeded_llama_folder(folder: Path, *, shape: dict = SEEDED, seed: int = 0) ->
     return folder
 
 
-def build_genai(folder: Path, out: Path, precision: str, cache: Path) -> float:
-    """Runs onnxruntime-genai's model builder on `folder` (CPU, `precision`): the seconds it took."""
+def build_genai(folder: Path, out: Path, precision: str, cache: Path, extra: tuple[str, ...] = ()) -> float:
+    """Runs onnxruntime-genai's model builder on `folder` (CPU, `precision`, `extra` options): the seconds it took."""
     start = time.perf_counter()
     command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out),
-               "-p", precision, "-e", "cpu", "-c", str(cache)]
+               "-p", precision, "-e", "cpu", "-c", str(cache), *(("--extra_options", *extra) if extra else ())]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the model builder failed ({precision}):\n{done.stderr[-3000:]}")
@@ -208,15 +214,16 @@ class Prepared:
     """Every engine, ready to generate, and what making them took."""
 
     engines: dict[str, Engine]
-    graphs: dict[str, Path]  # the two int4 graphs whose decode step is split
+    graphs: dict[str, Path]  # the int4 graphs whose decode step is split (genai's, then the tracker's best)
+    float_chain: Path  # the tracker's chain with a float KV cache, whose past genai's graphs are fed
     session: SessionConfig
     vocab_size: int
     seconds: dict[str, float]
 
 
 def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepared:
-    """Builds genai's int4 and fp32 models of `folder`, this project's decode-ready export, its `int4_block32` and
-    its `BEST` chain, and opens an engine on each."""
+    """Builds genai's int4 (its defaults, and in blocks of 128) and fp32 models of `folder`, this project's
+    decode-ready export, its `int4_block32` and its `CHAINS`, and opens an engine on each."""
     from tracker.gpt2.decode import export_decoder
     from tracker.gpt2.model import load_lm
     from tracker.optimize import Context, ModelInfo, get_entry
@@ -225,29 +232,34 @@ def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepare
     if capacity > loaded.max_positions:
         raise SystemExit(f"a prompt and its new tokens ({capacity}) exceed the model's {loaded.max_positions} positions")
     seconds = {f"genai {p}": build_genai(folder, work / f"genai-{p}", p, work / "cache") for p in ("int4", "fp32")}
+    seconds["genai int4 b128"] = build_genai(folder, work / "genai-int4-b128", "int4", work / "cache", GENAI_B128)
     start = time.perf_counter()
     baseline = export_decoder(loaded, work / "tracker" / "decoder.onnx").path
     info, vocab_size = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size), loaded.vocab_size
     del loaded  # the PyTorch weights are not needed while timing
     seconds["tracker baseline (export)"] = time.perf_counter() - start
     made = {}
-    for label, spec in (("int4", "int4_block32"), ("best", BEST)):
+    for label, spec in (("tracker int4", "int4_block32"), *CHAINS.items()):
         start = time.perf_counter()
-        made[label] = get_entry(spec)(baseline, work / "tracker" / label, Context(info=info),
+        made[label] = get_entry(spec)(baseline, work / "tracker" / label.replace(" ", "-"), Context(info=info),
                                       graph=onnx.load(str(baseline), load_external_data=False))
-        seconds[f"tracker {label} ({spec})"] = time.perf_counter() - start
+        seconds[f"{label} ({spec})"] = time.perf_counter() - start
     plain = SessionConfig(intra_op_num_threads=threads)
-    int4, best = made["int4"], made["best"]
+    best = made["tracker best"]
     session = best.session_on(plain)
     engines = {
         "genai int4": genai_engine(work / "genai-int4", threads),
+        "genai int4 b128": genai_engine(work / "genai-int4-b128", threads),
         "genai fp32": genai_engine(work / "genai-fp32", threads),
         "tracker baseline": tracker_engine(baseline, plain, io_binding=False, capacity=capacity),
-        "tracker int4": tracker_engine(int4.path, int4.session_on(plain), io_binding=False, capacity=capacity),
-        "tracker best": tracker_engine(best.path, session, io_binding=True, capacity=capacity),
+        "tracker int4": tracker_engine(made["tracker int4"].path, made["tracker int4"].session_on(plain),
+                                       io_binding=False, capacity=capacity),
+        **{label: tracker_engine(made[label].path, made[label].session_on(plain), io_binding=True, capacity=capacity)
+           for label in CHAINS},
     }
-    graphs = {"genai int4": genai_model_file(work / "genai-int4"), "tracker best": best.path}
-    return Prepared(engines, graphs, session, vocab_size, seconds)
+    graphs = {"genai int4": genai_model_file(work / "genai-int4"),
+              "genai int4 b128": genai_model_file(work / "genai-int4-b128"), "tracker best": best.path}
+    return Prepared(engines, graphs, made["tracker b32 chain"].path, session, vocab_size, seconds)
 
 
 def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int) -> None:
@@ -260,25 +272,30 @@ def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int)
         print(f"| {name} | {prefill:,.0f} | {decode:,.1f} | {1e3 / decode:.2f} | {decode / reference:.2f}x "
               f"| {ratio:.2f}x [{low:.2f}, {high:.2f}] |")
     first = {name: runs[0].tokens for name, runs in timed.items()}
-    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("genai int4", "tracker best"),
-                 ("tracker int4", "tracker best")):
+    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("genai int4", "tracker b32 chain"),
+                 ("genai int4 b128", "tracker best"), ("tracker int4", "tracker best")):
         same = first[a] == first[b]
         where = "-" if same.all() else int(np.argmax(~same))
         print(f"greedy tokens, {a} vs {b}: {same.mean():.0%} equal (first difference at {where})")
 
 
 def print_splits(prepared: Prepared, work: Path, *, past_len: int, seed: int) -> None:
-    """One decode step after `past_len` tokens of both int4 graphs, split over its parts, with genai's graph run as the
+    """One decode step after `past_len` tokens of each int4 graph, split over its parts, with genai's graph run as the
     tracker's is (numpy feeds, its attention mask all ones): what differs is the graph, not the loop around it."""
-    decoder = DecoderSession.open(prepared.graphs["tracker best"], prepared.session)
     context = np.random.default_rng(seed).integers(3, prepared.vocab_size, size=(1, past_len), dtype=np.int64)
-    _, past = decoder.prefill(context)
-    feeds = decoder.feeds(context[:, -1:], past)
-    # genai's attention reads the lengths from its mask, not from the inputs `shared_kv` adds
-    genai = {name: value for name, value in feeds.items() if name not in (SEQLENS_K, TOTAL_SEQUENCE_LENGTH)}
+
+    def step_feeds(path: Path) -> dict[str, np.ndarray]:
+        decoder = DecoderSession.open(path, prepared.session)
+        return decoder.feeds(context[:, -1:], decoder.prefill(context)[1])
+
+    feeds = step_feeds(prepared.graphs["tracker best"])  # its cache in int8
+    # genai's caches are float (a float chain's, of the same layout), and its attention reads the lengths from its
+    # mask, not from the inputs `shared_kv` adds
+    genai = {name: value for name, value in step_feeds(prepared.float_chain).items()
+             if name not in (SEQLENS_K, TOTAL_SEQUENCE_LENGTH)}
     mask = {"attention_mask": np.ones((1, past_len + 1), dtype=np.int64)}
-    splits = decode_splits(prepared.graphs, {"genai int4": {**genai, **mask}, "tracker best": feeds},
-                           prepared.session, work / "split")
+    splits = decode_splits(prepared.graphs, {name: feeds if name.startswith("tracker") else {**genai, **mask}
+                                             for name in prepared.graphs}, prepared.session, work / "split")
     print(f"one decode step after a past of {past_len}, profiled (profiling adds ~10 us per kernel), ms per step:")
     print("| part | " + " | ".join(splits) + " | difference |")
     print("|---|" + "---|" * (len(splits) + 1))
