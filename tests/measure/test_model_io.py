@@ -140,3 +140,24 @@ def test_model_error_is_a_value_error(tmp_path):
     path.write_text("not a model")
     with pytest.raises(ValueError):
         load_model(path)
+
+
+def _rms_norm_model(*, wired: bool = True) -> onnx.ModelProto:
+    """RMSNorm as ORT's optimizers write it: SimplifiedLayerNormalization in ONNX's own domain."""
+    node = helper.make_node("SimplifiedLayerNormalization", ["x" if wired else "nowhere", "scale"], ["y"], axis=-1,
+                            epsilon=1e-5)
+    graph = helper.make_graph([node], "rms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor("scale", TensorProto.FLOAT, [4], [1.0] * 4)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+
+
+def test_ort_simplified_layer_norm_in_onnx_domain_passes_and_the_rest_is_still_checked(tmp_path):
+    path = tmp_path / "rms.onnx"
+    onnx.save(_rms_norm_model(), str(path))
+    with pytest.raises(onnx.checker.ValidationError, match="No Op registered for SimplifiedLayerNormalization"):
+        onnx.checker.check_model(str(path))  # what ONNX's checker alone says of ORT's op
+    assert len(load_model(path).graph.node) == 1
+    check_model(_rms_norm_model())
+    with pytest.raises(ModelError, match="nowhere"):  # its wiring is still checked
+        check_model(_rms_norm_model(wired=False), source="broken")
