@@ -59,7 +59,7 @@ PAUSE_S = 0.05
 # (`optimize/attention/rotary_gqa`), then int4 weights: in genai's default blocks (symmetric, 32), and the best, in
 # asymmetric blocks of 128 with the KV cache in int8 (`kv_int8`).
 BEST = "attention_fused+shared_kv+int4_block128:symmetric=false+kv_int8"
-CHAINS = {"tracker b32 chain": "attention_fused+shared_kv+int4_block32", "tracker best": BEST}
+CHAINS = {"tracker b32 chain": "attention_fused+shared_kv+int4_block32", "tracker b128 kv8 chain": BEST}
 # genai's builder in the best chain's weight settings (its defaults: blocks of 32, symmetric)
 GENAI_B128 = ("block_size=128", "is_symmetric=false")
 
@@ -214,7 +214,7 @@ class Prepared:
     """Every engine, ready to generate, and what making them took."""
 
     engines: dict[str, Engine]
-    graphs: dict[str, Path]  # the int4 graphs whose decode step is split (genai's, then the tracker's best)
+    graphs: dict[str, Path]  # the int4 graphs whose decode step is split (genai's, then the tracker's fastest)
     float_chain: Path  # the tracker's chain with a float KV cache, whose past genai's graphs are fed
     session: SessionConfig
     vocab_size: int
@@ -245,7 +245,7 @@ def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepare
                                       graph=onnx.load(str(baseline), load_external_data=False))
         seconds[f"{label} ({spec})"] = time.perf_counter() - start
     plain = SessionConfig(intra_op_num_threads=threads)
-    best = made["tracker best"]
+    best = made["tracker b128 kv8 chain"]
     session = best.session_on(plain)
     engines = {
         "genai int4": genai_engine(work / "genai-int4", threads),
@@ -258,7 +258,7 @@ def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepare
            for label in CHAINS},
     }
     graphs = {"genai int4": genai_model_file(work / "genai-int4"),
-              "genai int4 b128": genai_model_file(work / "genai-int4-b128"), "tracker best": best.path}
+              "genai int4 b128": genai_model_file(work / "genai-int4-b128"), "tracker b128 kv8 chain": best.path}
     return Prepared(engines, graphs, made["tracker b32 chain"].path, session, vocab_size, seconds)
 
 
@@ -273,7 +273,7 @@ def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int)
               f"| {ratio:.2f}x [{low:.2f}, {high:.2f}] |")
     first = {name: runs[0].tokens for name, runs in timed.items()}
     for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("genai int4", "tracker b32 chain"),
-                 ("genai int4 b128", "tracker best"), ("tracker int4", "tracker best")):
+                 ("genai int4 b128", "tracker b128 kv8 chain"), ("tracker b32 chain", "tracker b128 kv8 chain")):
         same = first[a] == first[b]
         where = "-" if same.all() else int(np.argmax(~same))
         print(f"greedy tokens, {a} vs {b}: {same.mean():.0%} equal (first difference at {where})")
@@ -288,7 +288,7 @@ def print_splits(prepared: Prepared, work: Path, *, past_len: int, seed: int) ->
         decoder = DecoderSession.open(path, prepared.session)
         return decoder.feeds(context[:, -1:], decoder.prefill(context)[1])
 
-    feeds = step_feeds(prepared.graphs["tracker best"])  # its cache in int8
+    feeds = step_feeds(prepared.graphs["tracker b128 kv8 chain"])  # its cache in int8
     # genai's caches are float (a float chain's, of the same layout), and its attention reads the lengths from its
     # mask, not from the inputs `shared_kv` adds
     genai = {name: value for name, value in step_feeds(prepared.float_chain).items()
