@@ -36,6 +36,10 @@ CLUSTER_TAGS = {TAG_NODE, TAG_NODE_TYPE, TAG_BASELINE_RUN, TAG_RETRIED, TAG_DIST
 CLUSTER_METRICS = {METRIC_START, METRIC_END}
 # A line a node's measurer logs when it starts timing an attempt other than the baseline.
 TIMING_AN_ATTEMPT = r"attempt (ort|int)[a-z0-9_]*: timing \("
+# Each attempt's speed-up timed for seconds, not a fraction of one: a signal sent once a node's log (flushed by Ray
+# now and then) shows it timing an attempt must still find attempts in flight on a fast machine (on one, the FAST
+# study ended before the Ctrl-C arrived).
+IN_FLIGHT = (*FAST[:-2], "--speedup-seconds", "3")
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +57,18 @@ def mlp(tmp_path_factory) -> Path:
     return path
 
 
-def _optimize(model: Path, experiment: str, *, cluster: bool, attempts: tuple[str, ...] = ATTEMPTS) -> list[str]:
-    return [sys.executable, local_cluster.__file__, "optimize", str(model), "--attempts", ",".join(attempts), *FAST,
+def _optimize(model: Path, experiment: str, *, cluster: bool, attempts: tuple[str, ...] = ATTEMPTS,
+              timing: tuple[str, ...] = FAST) -> list[str]:
+    return [sys.executable, local_cluster.__file__, "optimize", str(model), "--attempts", ",".join(attempts), *timing,
             "--experiment", experiment, *(["--cluster", local_cluster.ADDRESS] if cluster else [])]
 
 
 def _on_cluster(tmp_path_factory, model: Path, name: str, *, attempts: tuple[str, ...] = ATTEMPTS,
-                **options) -> tuple[subprocess.CompletedProcess, dict, str]:
+                timing: tuple[str, ...] = FAST, **options) -> tuple[subprocess.CompletedProcess, dict, str]:
     """Runs the study on a new two-node cluster (`options`: `local_cluster.run`'s) into a store of its own: the
     driver's process, the runs of its (only) study (`_runs`) and the store's URI."""
     folder, uri, _ = new_sqlite_store(tmp_path_factory, name)
-    done = local_cluster.run(_optimize(model, name, cluster=True, attempts=attempts), nodes=2, cwd=folder,
+    done = local_cluster.run(_optimize(model, name, cluster=True, attempts=attempts, timing=timing), nodes=2, cwd=folder,
                              env={"MLFLOW_TRACKING_URI": uri}, timeout_s=240, **options)
     return done, _runs(uri, name), uri
 
@@ -150,7 +155,7 @@ def test_the_runs_report_and_compare_have_a_local_studys_shape(studies, monkeypa
 
 
 def test_a_node_killed_mid_measurement_costs_its_attempt_one_retry_and_nothing_else(tmp_path_factory, mlp):
-    done, runs, _ = _on_cluster(tmp_path_factory, mlp, "killed", kill_node_when=TIMING_AN_ATTEMPT)
+    done, runs, _ = _on_cluster(tmp_path_factory, mlp, "killed", timing=IN_FLIGHT, kill_node_when=TIMING_AN_ATTEMPT)
 
     assert done.returncode == 0, done.stderr[-6000:]
     assert "kill -KILL" in done.stderr  # node 1 was killed while it timed an attempt
@@ -167,7 +172,7 @@ def test_a_node_killed_mid_measurement_costs_its_attempt_one_retry_and_nothing_e
 
 
 def test_ctrl_c_on_the_driver_ends_the_attempts_in_flight_as_failed_runs_and_keeps_the_rest(tmp_path_factory, mlp):
-    done, runs, _ = _on_cluster(tmp_path_factory, mlp, "interrupted", interrupt_when=TIMING_AN_ATTEMPT)
+    done, runs, _ = _on_cluster(tmp_path_factory, mlp, "interrupted", timing=IN_FLIGHT, interrupt_when=TIMING_AN_ATTEMPT)
 
     assert done.returncode == 130, done.stderr[-6000:]
     assert "interrupted (Ctrl-C)" in done.stderr
