@@ -18,7 +18,7 @@ import onnx
 
 from tracker.base.termination import reraise_if_received
 from tracker.measure.accuracy.lm_diff import LogitsTolerance
-from tracker.measure.costmodel.machine import MachinePeaks
+from tracker.measure.costmodel.machine import MachinePeaks, memory_gbps
 from tracker.measure.costmodel.roofline import Roofline
 from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
 from tracker.measure.generation.generation_check import compare_generations
@@ -28,6 +28,9 @@ from tracker.optimize import Context, Entry, EntryError, ModelInfo
 
 logger = logging.getLogger(__name__)
 
+# The memory bandwidth measured just before each attempt's generation: a memory-bound decode's ratio to the baseline
+# moves with it on a shared machine (docs/results.md, "Past 4x"), so a reader can tell when the machine changed.
+BANDWIDTH = "gen.machine_bandwidth_gbps"
 # Which decode figure to quote, said on every run of the scenario (docs/methodology.md, "Which decode figure is true").
 QUOTE = ("quote gen.decode.past<N>.tokens_per_s [ci_low, ci_high] and its speedup: timed interleaved with the baseline "
          "(A/A 1.01-1.03, a graph computed twice 0.509-0.515 on gpt2-small at past 512); gen.decode.past<N>.p50_ms is "
@@ -71,11 +74,13 @@ class GenerationScenario:
         """The baseline's generation, and its check against itself (every figure of a perfect match), so that every
         attempt carries the same `gen.diff.*` keys."""
         logger.info("generation: measuring the baseline's")
+        bandwidth = memory_gbps(threads=self.session.intra_op_num_threads)
         result = measure_generation(self.decoder, session=self.session, config=self.config,
                                     max_positions=self.max_positions, machine=machine, workdir=workdir)
         self.baseline = result
         own = result.generation
-        return GenerationFigures({**result.metrics(), **compare_generations(own, own, along=own.step_logits).metrics()},
+        return GenerationFigures({**result.metrics(), **compare_generations(own, own, along=own.step_logits).metrics(),
+                                  BANDWIDTH: bandwidth},
                                  {"gen.io_binding": str(result.io_binding), "gen.quote": QUOTE},
                                  dict(result.rooflines))
 
@@ -88,6 +93,7 @@ class GenerationScenario:
         try:
             candidate = entry(self.decoder, workdir, Context(info=self.info), graph=graph_of(self.decoder))
             logger.info("generation: measuring %s's", entry.name)
+            bandwidth = memory_gbps(threads=self.session.intra_op_num_threads)
             result = measure_generation(candidate.path, session=candidate.session_on(self.session),
                                         config=self.config, baseline=self.decoder, baseline_session=self.session,
                                         speedup=self.speedup,
@@ -101,7 +107,7 @@ class GenerationScenario:
             reraise_if_received(e)
             logger.warning("generation: %s failed: %s", entry.name, e)
             return GenerationFigures(params={"gen.error": f"{type(e).__name__}: {e}"[:500]})
-        metrics = {**result.metrics(), **diff.metrics()}
+        metrics = {**result.metrics(), **diff.metrics(), BANDWIDTH: bandwidth}
         metrics.update({f"gen.fusion.{op}": float(n) for op, n in candidate.fusions.items()})
         return GenerationFigures(metrics, {"gen.applied": str(candidate.applied), "gen.io_binding": str(result.io_binding),
                                            "gen.quote": QUOTE, **diff.params()},

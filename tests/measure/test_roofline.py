@@ -1,3 +1,4 @@
+import time
 from pathlib import Path
 
 import numpy as np
@@ -6,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tracker.measure.costmodel import roofline as R
-from tracker.measure.costmodel.machine import MachinePeaks, gemm_model, measure_machine
+from tracker.measure.costmodel.machine import MachinePeaks, gemm_model, measure_machine, memory_gbps
 from tracker.measure.runtimes.ort_runtime import SessionConfig, profile_ort
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile
@@ -237,6 +238,15 @@ def test_the_matrix_products_of_every_kind_are_one_row_and_decide_nothing_else()
     wide = R.build_roofline(events, machine=MachinePeaks(peak_gflops=100.0, bandwidth_gbps=1e4, threads=2))
     assert wide.bound == "compute" and wide.metrics()["roofline.memory_bound"] == 0.0
     assert R.build_roofline(synthetic_events(3).iloc[1:]).matmuls is None  # no product, no row
+
+
+def test_the_bandwidth_probe_reads_a_plausible_figure_and_refuses_an_empty_copy():
+    start = time.perf_counter()
+    probe = memory_gbps(threads=SessionConfig().intra_op_num_threads)
+    assert 0.5 < probe < 1e4
+    assert time.perf_counter() - start < 5  # a probe beside each attempt, not a second machine measurement
+    with pytest.raises(ValueError, match="mb"):
+        memory_gbps(mb=0)
 
 
 def test_the_machine_is_measured_by_the_first_study_of_a_process_and_a_failure_is_tried_again(monkeypatch):

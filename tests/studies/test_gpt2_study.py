@@ -128,6 +128,9 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
     assert baseline["export.decoder_torch_passed"] == 1.0 and baseline["export.decoder_torch_max_abs"] < 1e-3
     assert baseline["gen.token_agreement"] == 1.0 and baseline["gen.first_step_kl"] == pytest.approx(0, abs=1e-12)
     assert "gen.decode.past32.speedup" not in baseline  # the baseline is not timed against itself
+    # the machine's memory bandwidth read beside every generation: a memory-bound ratio moves with it
+    assert all(runs[name].metrics["gen.machine_bandwidth_gbps"] > 0.5 for name in ("baseline", "ort_opt_basic",
+                                                                                     "attention_fused"))
     assert baseline["gen.diff.passed"] == 1.0
     for name in ("baseline", "ort_opt_basic", "attention_fused"):
         metrics = runs[name].metrics

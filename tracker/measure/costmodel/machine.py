@@ -129,6 +129,20 @@ def measure_machine(
     return peaks
 
 
+def memory_gbps(*, threads: int | None = None, mb: int = 64, runs: int = 3) -> float:
+    """The memory bandwidth now, in GB/s: the better of a copy and a sum of `mb` MiB, the best of `runs` (a probe of a
+    tenth of a second on 2 cores). A shared machine's bandwidth moves, and a memory-bound step's ratio to another
+    moves with it: a study reads this beside each attempt's generation.
+
+    Raises:
+        ValueError: a size or count below 1.
+    """
+    threads = threads or os.cpu_count() or 1
+    if min(threads, mb, runs) < 1:
+        raise ValueError(f"threads, mb and runs must be >= 1, got {threads}, {mb} and {runs}")
+    return max(_memory_gbps(mb * 2**20, runs, threads))
+
+
 def gemm_model(n: int, *, rows: int | None = None, cols: int | None = None, random: bool = True):
     """An ONNX model `Y = X @ W`: X [rows, n] an input, W [n, cols] an fp32 initializer (rows and cols default to n;
     `random` False fills W with ones, which costs no time to make and runs as fast)."""
