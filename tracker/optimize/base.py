@@ -222,6 +222,13 @@ def _reads(node: onnx.NodeProto) -> set[str]:
 
 # Ops that only move data (between a projection and the attention: [B, S, H*D] -> [B, H, S, D] and back): what a
 # rewrite looks through to find the value another op made.
+def recorded_positions(model: onnx.ModelProto) -> int | None:
+    """The positions a decode export recorded in its metadata (`max_positions`, written by `tracker.gpt2.decode`), or
+    None when it recorded none."""
+    value = next((p.value for p in model.metadata_props if p.key == "max_positions"), None)
+    return None if value is None else int(value)
+
+
 LAYOUT_OPS = ("Reshape", "Transpose")
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tracker.optimize.base import LAYOUT_OPS, GraphLookups
+from tracker.optimize.base import LAYOUT_OPS, GraphLookups, recorded_positions
 
 _MS = "com.microsoft"
 _PAST = "past_key_values."
@@ -142,8 +142,7 @@ def rewrite_rotary_layers(model: onnx.ModelProto, *, seqlens_k: str, total_seque
         return 0
     graph = GraphLookups(model.graph)
     kv_heads = next(i.type.tensor_type.shape.dim[1].dim_value for i in model.graph.input if i.name.startswith(_PAST))
-    props = {p.key: p.value for p in model.metadata_props}
-    positions = int(props.get("max_positions", DEFAULT_POSITIONS))
+    positions = recorded_positions(model) or DEFAULT_POSITIONS
     tables: dict[bytes, tuple[str, str]] = {}  # one pair of caches per distinct inverse frequencies
     nodes = model.graph.node
     for index, layer in enumerate(layers):

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tracker.base.vocabulary import Kind
 from tracker.optimize.attention.shared_kv import has_attention
-from tracker.optimize.base import Candidate, Context
+from tracker.optimize.base import Candidate, Context, recorded_positions
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import copy_model, prepare_output, save_proto
 
@@ -79,15 +79,15 @@ class KVInt8(Entry):
 
     def make(self, source: Path, target_dir: Path, context: Context) -> Candidate:
         target = prepare_output(source, target_dir, self.name)
-        graph = onnx.load_model(str(source), load_external_data=False).graph
-        nodes = cached_attentions(graph)
+        header = onnx.load_model(str(source), load_external_data=False)
+        nodes = cached_attentions(header.graph)
         if not nodes:
             copy_model(source, target)
             return Candidate(path=target, applied=False, fusions={"GroupQueryAttention": 0}, fully_optimized=None,
                              precision="fp32", notes=("no GroupQueryAttention keeps a KV cache of the graph's inputs "
                                                       "(make one first: attention_fused+shared_kv+kv_int8): nothing "
                                                       "quantized",))
-        ranges, tokens = calibrate(source, context)
+        ranges, tokens = calibrate(source, context, positions=recorded_positions(header))
         model = onnx.load_model(str(source), load_external_data=True)
         quantize_caches(model, ranges, per_channel=self.per_channel)
         save_proto(model, target)
@@ -103,9 +103,10 @@ class KVInt8(Entry):
         )
 
 
-def calibrate(source: Path, context: Context) -> tuple[dict[str, np.ndarray], int]:
+def calibrate(source: Path, context: Context, *, positions: int | None) -> tuple[dict[str, np.ndarray], int]:
     """Each cache's largest magnitude per (head, position in the head), [heads, head_size], over one prompt pass of
-    the source: the context's `input_ids` when it has them, else a seeded prompt. Also the tokens it saw."""
+    the source: the context's `input_ids` when it has them, else a seeded prompt (no longer than the model's
+    `positions`, when known). Also the tokens it saw."""
     from tracker.measure.generation.decoder import DecoderSession
     from tracker.measure.runtimes.ort_runtime import SessionConfig
 
@@ -114,21 +115,12 @@ def calibrate(source: Path, context: Context) -> tuple[dict[str, np.ndarray], in
     if given is not None:
         tokens = np.asarray(given, dtype=np.int64)
     else:
-        length = min(CALIBRATION_LEN, max_positions(source) or CALIBRATION_LEN)
+        length = min(CALIBRATION_LEN, positions or CALIBRATION_LEN)
         rng = np.random.default_rng(CALIBRATION_SEED)
         tokens = rng.integers(0, decoder.vocab_size, size=(CALIBRATION_BATCH, length), dtype=np.int64)
     _, presents = decoder.prefill(tokens)
     ranges = {name: np.abs(np.asarray(presents[name], dtype=np.float32)).max(axis=(0, 2)) for name in decoder.past_names}
     return ranges, int(tokens.size)
-
-
-def max_positions(source: Path) -> int | None:
-    """The positions the decode export recorded (`max_positions` in its metadata), if any."""
-    model = onnx.load_model(str(source), load_external_data=False)
-    for prop in model.metadata_props:
-        if prop.key == "max_positions" and prop.value.isdigit():
-            return int(prop.value)
-    return None
 
 
 def quantize_caches(model: onnx.ModelProto, ranges: dict[str, np.ndarray], *, per_channel: bool) -> None:
@@ -143,9 +135,10 @@ def quantize_caches(model: onnx.ModelProto, ranges: dict[str, np.ndarray], *, pe
         for index in _GQA_CACHE:
             past = node.input[index]
             peak = np.maximum(ranges[past] * MARGIN, 1e-6)
-            scale = (peak / _INT8_MAX if per_channel else np.array([peak.max() / _INT8_MAX]))
-            if per_channel:
-                scale = scale.reshape(1, scale.shape[0], 1, scale.shape[1])
+            if per_channel:  # [1, heads, 1, head_size]: broadcast over the batch and the positions
+                scale = (peak / _INT8_MAX).reshape(1, peak.shape[0], 1, peak.shape[1])
+            else:
+                scale = np.array([peak.max() / _INT8_MAX])
             name = f"{past}.scale"
             graph.initializer.append(numpy_helper.from_array(scale.astype(np.float32), name))
             scales.append(name)
