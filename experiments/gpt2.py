@@ -26,8 +26,8 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     """Adds the study's options, each defaulting to its `GPT2StudyConfig` or `GenerationConfig` field ("" and "all"
     stand for None)."""
     study = functools.partial(field_default, GPT2StudyConfig)
-    parser.add_argument("--model", default="", help="a local Hugging Face causal-LM folder (or cached name): "
-                        f"{supported()}")
+    parser.add_argument("--model", default="", help="a local Hugging Face causal-LM folder (or cached name), or a "
+                        f"GGUF file (converted to a float32 folder once; needs the lm extra): {supported()}")
     parser.add_argument("--size", default=study("size"), choices=("small", "tiny"),
                         help="architecture built from a config")
     parser.add_argument("--config-path", default="",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracker.base.errors import ModelError
+from tracker.gpt2.gguf import local_folder
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig
@@ -71,21 +72,23 @@ def check_family(config: PretrainedConfig, *, where: str) -> str:
 
 
 def read_config(model: str) -> PretrainedConfig:
-    """The config of a local model folder (or a name already in the Hugging Face cache), checked to be a supported
-    causal LM. Nothing is downloaded and no weights are read.
+    """The config of a local model folder (or a name already in the Hugging Face cache, or a GGUF file), checked to be
+    a supported causal LM. Nothing is downloaded, and no weights are read from a folder; a GGUF file is converted to
+    a folder first (`gguf.local_folder`: the first time, its weights are dequantized).
 
     Raises:
         ModelError: no config is available offline for `model`, or it is not one of FAMILIES.
     """
     from transformers import AutoConfig
 
+    folder, _ = local_folder(model)
     try:
-        config = AutoConfig.from_pretrained(model, local_files_only=True)
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
     except (OSError, ValueError) as e:  # not found / not cached (OSError), a config.json of unknown type (ValueError)
         raise ModelError(
             f"no causal LM config is available offline for {model!r} (no model hub here: it must be a local folder "
-            f"written by save_pretrained, with its config.json, or a name already in the Hugging Face cache); pass "
-            f"such a folder, or omit --model to build GPT-2 with seeded weights ({str(e).splitlines()[0]})"
+            f"written by save_pretrained, with its config.json, a GGUF file, or a name already in the Hugging Face "
+            f"cache); pass such a folder, or omit --model to build GPT-2 with seeded weights ({str(e).splitlines()[0]})"
         ) from e
     check_family(config, where=repr(model))
     return config

@@ -8,9 +8,12 @@ from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tracker.base.errors import ModelError
 from tracker.gpt2.families import LMShape, check_family, config_from_json, lm_shape, read_config
+from tracker.gpt2.gguf import local_folder
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
+
+    from tracker.gpt2.gguf import GGUFSource
 
 logger = logging.getLogger(__name__)
 
@@ -63,15 +66,17 @@ class LoadedLM(LMShape):
         model: the transformers model (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...), in eval mode, float32.
         config: its config.
         pretrained: True when the weights were loaded with `from_pretrained`, False when seeded.
-        source: "local:<path or cached name>", "config:<size>" or "config-file:<path>".
+        source: "local:<path or cached name>", "gguf:<path>", "config:<size>" or "config-file:<path>".
+        folder: the local folder (or cached name) the weights and tokenizer were loaded from; None when built.
         params: what to log as MLflow params (`gpt2.*` keys for GPT-2, `lm.*` for the others, and `lm.family`; string
-            values).
+            values), and the `lm.gguf.*` of a GGUF file (`GGUFSource.params`).
     """
 
     model: PreTrainedModel
     config: PretrainedConfig
     pretrained: bool
     source: str
+    folder: str | None
     params: dict[str, str]
 
 
@@ -86,8 +91,9 @@ def load_lm(
 
     Args:
         model: a local folder written by `save_pretrained`, or a name already in the Hugging Face cache; its
-            `config.json` must name one of `families.FAMILIES`. Nothing is downloaded. When None, a model is built
-            from `config_path` or `size`.
+            `config.json` must name one of `families.FAMILIES`. Or a GGUF file (or a folder holding one and no
+            config.json), converted to such a folder the first time (`gguf.resolve_gguf`). Nothing is downloaded.
+            When None, a model is built from `config_path` or `size`.
         size: one of SIZES (GPT-2), used when neither `model` nor `config_path` is given.
         config_path: a config JSON file to build the model from (its `model_type`, GPT-2 when it names none).
         seed: seeds the weights of a built model (ignored for pretrained weights).
@@ -95,12 +101,16 @@ def load_lm(
     Raises:
         ValueError: unknown size, or both `model` and `config_path` given.
         ModelError: `model` is not available offline, or is not a causal LM of a supported family (the message
-            names its architecture and the supported ones).
+            names its architecture and the supported ones), or is a GGUF file that cannot be converted.
     """
     _check_source(model=model, size=size, config_path=config_path)
+    gguf: GGUFSource | None = None
+    folder: str | None = None
     if model is not None:
-        lm = _from_pretrained(model)
-        source, pretrained = f"local:{model}", True
+        folder, gguf = local_folder(model)
+        lm = _from_pretrained(folder)
+        source = f"gguf:{model}" if gguf is not None else f"local:{model}"
+        pretrained = True
     else:
         lm = _from_config(size=size, config_path=config_path, seed=seed)
         source = f"config-file:{config_path}" if config_path else f"config:{size}"
@@ -130,8 +140,11 @@ def load_lm(
                   "lm.num_parameters": num_parameters,
                   "lm.attn_implementation": str(config._attn_implementation)}
     params["lm.family"] = shape.family
+    if gguf is not None:
+        params.update(gguf.params())
     logger.info("%s loaded from %s: %s layers, %s parameters", shape.family, source, shape.n_layer, num_parameters)
-    return LoadedLM(model=lm, config=config, pretrained=pretrained, source=source, params=params, **asdict(shape))
+    return LoadedLM(model=lm, config=config, pretrained=pretrained, source=source, folder=folder, params=params,
+                    **asdict(shape))
 
 
 # The name from before LLaMA-family models were loaded too; it loads them as well.
@@ -139,8 +152,8 @@ load_gpt2 = load_lm
 
 
 def lm_config(*, model: str | None = None, size: str = "small", config_path: str | None = None) -> PretrainedConfig:
-    """The config `load_lm` would load or build from the same arguments, read without any weights: what a caller
-    checks (architecture, positions) before any work.
+    """The config `load_lm` would load or build from the same arguments, read without any weights (a GGUF file's are
+    converted once, as `load_lm` would): what a caller checks (architecture, positions) before any work.
 
     Raises:
         ValueError, ModelError: as `load_lm`.
