@@ -18,10 +18,12 @@ import onnx
 
 from tracker.base.termination import reraise_if_received
 from tracker.measure.accuracy.lm_diff import LogitsTolerance
+from tracker.measure.accuracy.text_quality import TextQuality
 from tracker.measure.costmodel.machine import MachinePeaks, memory_gbps
 from tracker.measure.costmodel.roofline import Roofline
 from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
 from tracker.measure.generation.generation_check import compare_generations
+from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.optimize import Context, Entry, EntryError, ModelInfo
@@ -59,6 +61,8 @@ class GenerationScenario:
         max_positions: the longest sequence the model holds.
         tolerances: the generation check's tolerance per precision ("fp32", "fp16", "int8", ...).
         info: heads and hidden size, for the entries that fuse transformer blocks.
+        text: a language model's check on real text through each attempt's decode loop (`TextCheck`, decoder=True);
+            None when the study has no real text.
     """
 
     decoder: Path
@@ -68,6 +72,7 @@ class GenerationScenario:
     max_positions: int
     tolerances: Mapping[str, LogitsTolerance]
     info: ModelInfo | None = None
+    text: TextCheck | None = None
     baseline: GenerationResult | None = field(default=None, init=False)
 
     def measure_baseline(self, *, machine: MachinePeaks | None, workdir: Path) -> GenerationFigures:
@@ -79,10 +84,18 @@ class GenerationScenario:
                                     max_positions=self.max_positions, machine=machine, workdir=workdir)
         self.baseline = result
         own = result.generation
-        return GenerationFigures({**result.metrics(), **compare_generations(own, own, along=own.step_logits).metrics(),
-                                  BANDWIDTH: bandwidth},
-                                 {"gen.io_binding": str(result.io_binding), "gen.quote": QUOTE},
+        quality = self._quality(self.decoder, self.session, "fp32", workdir, reference=True)
+        diff = compare_generations(own, own, along=own.step_logits, quality=quality)
+        return GenerationFigures({**result.metrics(), **diff.metrics(), BANDWIDTH: bandwidth},
+                                 {"gen.io_binding": str(result.io_binding), "gen.quote": QUOTE, **diff.params()},
                                  dict(result.rooflines))
+
+    def _quality(self, model: Path, session: SessionConfig, precision: str, workdir: Path, *,
+                 reference: bool = False) -> TextQuality | None:
+        """The decode loop's quality on real text (`text`), or None without real text."""
+        if self.text is None:
+            return None
+        return self.text.measure(model, session, precision=precision, workdir=workdir / "quality", reference=reference)
 
     def measure_entry(self, entry: Entry, *, machine: MachinePeaks | None, workdir: Path,
                       graph_of: Callable[[Path], onnx.ModelProto]) -> GenerationFigures:
@@ -99,8 +112,9 @@ class GenerationScenario:
                                         speedup=self.speedup,
                                         reference=self.baseline.generation, machine=machine,
                                         workdir=workdir / "profiles")
+            quality = self._quality(candidate.path, candidate.session_on(self.session), candidate.precision, workdir)
             diff = compare_generations(self.baseline.generation, result.generation, along=result.along_reference,
-                                       tolerance=self.tolerances[candidate.precision])
+                                       tolerance=self.tolerances[candidate.precision], quality=quality)
         except EntryError as e:  # it does not apply to the decode-ready model, or broke what the framework checks
             return GenerationFigures(params={"gen.error": f"on the decode-ready model: {e}"[:500]})
         except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run

@@ -22,8 +22,11 @@ from tracker.base.steps import StepTimes
 from tracker.base.termination import Terminated, received
 from tracker.base.vocabulary import Kind, RunStatus
 from tracker.generation import GenerationFigures, GenerationScenario
+from tracker.measure.accuracy.lm_diff import LogitsDiff
+from tracker.measure.accuracy.text_quality import CheckedOnText
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.measure.costmodel.machine import MachinePeaks, measure_machine
+from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import judge
 from tracker.optimize import Candidate, Chain, Entry
@@ -49,6 +52,7 @@ class AttemptSetup:
         latency_feeds: other feeds sets to time, by label (`latency.<label>.*`).
         tags: the run's tags on top of its own.
         machine: the roofs of the attempt's roofline (`Study.machine`); None outside a study.
+        quality: a language model's check on real text (the first attempt it scores is the reference); None: none.
     """
 
     config: MeasureConfig = field(default_factory=MeasureConfig)
@@ -58,6 +62,7 @@ class AttemptSetup:
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
     tags: Mapping[str, str] = field(default_factory=dict)
     machine: MachinePeaks | None = None
+    quality: TextCheck | None = None
 
 
 def log_attempt(
@@ -183,6 +188,12 @@ def measure_record(
         if result.diff is None:
             # The baseline against itself, so that every attempt carries the same diff.* keys.
             result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
+        if setup.quality is not None and isinstance(result.diff, LogitsDiff):
+            with result.steps.step("quality"):
+                quality = setup.quality.measure(attempt.model, attempt.session, workdir=workdir / "quality",
+                                                precision=attempt.params.get("precision", "fp32"),
+                                                reference=same_runtime is None)
+            result.diff = CheckedOnText(result.diff, quality)
         # The first attempt of a runtime is its own baseline: speed-up 1, node delta 0.
         baseline = same_runtime or result
         result.verdict = judge(result.speedup, accuracy_passed=bool(result.diff.passed), baseline=baseline is result)
@@ -328,6 +339,7 @@ class StudySetup:
         latency_feeds: other feeds sets timed for each attempt, by label (`latency.<label>.*`).
         generation: the generation scenario: each attempt also measured generating with a KV cache.
         prior_steps: work done for the study before it started (e.g. an export), counted in its time per step.
+        quality: a language model's check on real text, for every attempt's forward model.
     """
 
     evaluate: Evaluate | None = None
@@ -336,3 +348,4 @@ class StudySetup:
     latency_feeds: Mapping[str, Mapping[str, np.ndarray]] = field(default_factory=dict)
     generation: GenerationScenario | None = None
     prior_steps: StepTimes | None = None
+    quality: TextCheck | None = None

@@ -82,8 +82,9 @@ class Study:
         if experiment:
             check_experiment_name(experiment)
         setup = setup or StudySetup()
-        if cluster and setup.generation is not None:
-            raise ValueError("a generation scenario is not supported on a cluster yet: run it on one machine")
+        if cluster and (setup.generation is not None or setup.quality is not None):
+            raise ValueError("a generation scenario or a check on real text is not supported on a cluster yet: run it "
+                             "on one machine")
         self._cluster = Fanout(cluster, study=name, feeds=feeds) if cluster else None
         self.name = name
         self.feeds = dict(feeds)
@@ -169,7 +170,7 @@ class Study:
         """How the pipeline measures and logs each attempt of this study, with `tags` on top of the study's."""
         return AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate, log_model=self.log_models,
                             latency_feeds=self.setup.latency_feeds, tags={**self.tags, **(tags or {})},
-                            machine=self.machine)
+                            machine=self.machine, quality=self.setup.quality)
 
     def optimize(
         self,
@@ -304,8 +305,7 @@ class Study:
 
     @property
     def _prepared(self) -> Path:
-        """Where entries keep the pre-processed sources their variants share (`Context.work`), for the study's
-        attempts and its search alike."""
+        """Where entries keep the pre-processed sources their variants share (`Context.work`): attempts and search."""
         return self._work / "prepared"
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:

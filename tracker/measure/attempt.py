@@ -22,6 +22,7 @@ from tracker.measure.accuracy.lm_diff import LogitsDiff
 from tracker.measure.accuracy.output_diff import FP32, OutputDiff
 from tracker.measure.accuracy.output_values import output_nbytes
 from tracker.measure.accuracy.task_diff import ClassificationDiff, EmbeddingDiff, RegressionDiff, TaskTolerance
+from tracker.measure.accuracy.text_quality import CheckedOnText
 from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.costmodel.roofline import Roofline, build_roofline, count_tokens
 from tracker.measure.graph_stats import GraphStats, diff_graphs, graph_stats
@@ -174,7 +175,7 @@ class AttemptResult:
     phase_rooflines: dict[str, Roofline] = field(default_factory=dict)  # other scenarios' (prefill, decode), by phase
     optimized_model_path: Path | None = None
     outputs: list[np.ndarray] = field(default_factory=list)
-    diff: OutputDiff | LogitsDiff | RegressionDiff | ClassificationDiff | EmbeddingDiff | None = None
+    diff: OutputDiff | LogitsDiff | CheckedOnText | RegressionDiff | ClassificationDiff | EmbeddingDiff | None = None
     traces: dict[int, str] = field(default_factory=dict)
     latencies: dict[str, Latency] = field(default_factory=dict)  # extra feeds sets, by label
     speedup: Speedup | None = None  # vs the same runtime's baseline, timed interleaved

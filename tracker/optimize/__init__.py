@@ -40,6 +40,7 @@ REGISTRY: dict[str, Entry] = {
         int8_static.PERCENTILE,
         int4.BLOCK32,
         int4.BLOCK128,
+        int4.INT8_BLOCK32,
         kv_cache.ENTRY,
         add_eyelike.ENTRY,
     )

@@ -10,19 +10,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.base.keys import TAG_WEIGHTS
 from tracker.base.steps import StepTimes
 from tracker.base.vocabulary import Kind
-from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
+from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_RECORDED, LOGITS_TOLERANCES
+from tracker.measure.accuracy.text_quality import load_bounds
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.generation.generation import GenerationConfig
+from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, ModelInfo, get_entry
 from tracker.store import connect
 
 if TYPE_CHECKING:
     from tracker.gpt2.families import LMShape
+    from tracker.gpt2.text import TextInputs
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +47,46 @@ DECODE_ATTEMPTS = ("attention_fused+shared_kv+int4_block32+io_binding",
 # forward: one pass over seq_lens tokens (every attempt's run); generation: prefill, decode against a KV cache,
 # greedy generation, on a decode-ready export with the attempt's entry applied to it (gen.* on the same run).
 SCENARIOS = ("forward", "generation")
+# What a study says it judged an LM by (the param `lm.check`).
+CHECK_QUALITY = "quality on real text: perplexity, top-1 along the text and greedy prompts within each precision's bound"
+CHECK_SAME_FUNCTION = ("same function: the logits on the study's inputs against the baseline's (LOGITS_TOLERANCES); "
+                       "not a quality judgment")
+
+
+@dataclass(frozen=True)
+class TextConfig:
+    """The real text a pretrained LM is judged on (`tracker.gpt2.text`) and the bounds it must keep.
+
+    Attributes:
+        path: a UTF-8 text file; None (with no `dataset`): the standard library's documentation (`pydoc_data`).
+        dataset: a local Hugging Face dataset folder (`save_to_disk`), instead of `path`.
+        eval_chunks: held-out chunks of the text whose perplexity is measured.
+        eval_len: tokens per chunk.
+        prompts: real prompts continued greedily.
+        prompt_len: tokens per prompt, the chat template's included.
+        new_tokens: greedy tokens per prompt, compared with the baseline's.
+        max_ppl_increase: replaces every precision's perplexity bound (`lm_bounds.toml`); None: the table's.
+        chat: a tokenizer's chat template wraps each prompt.
+    """
+
+    path: str | None = None
+    dataset: str | None = None
+    eval_chunks: int = 8
+    eval_len: int = 128
+    prompts: int = 8
+    prompt_len: int = 64
+    new_tokens: int = 16
+    max_ppl_increase: float | None = None
+    chat: bool = True
+
+    def __post_init__(self) -> None:
+        if self.path and self.dataset:
+            raise ValueError(f"give a text file ({self.path!r}) or a dataset folder ({self.dataset!r}), not both")
+        if min(self.eval_chunks, self.prompts, self.new_tokens) < 1 or self.eval_len < 4 or self.prompt_len < 1:
+            raise ValueError(f"need eval_chunks, prompts, new_tokens, prompt_len >= 1 and eval_len >= 4, got "
+                             f"{self.eval_chunks}, {self.prompts}, {self.new_tokens}, {self.prompt_len}, {self.eval_len}")
+        if self.max_ppl_increase is not None and not self.max_ppl_increase >= 0:
+            raise ValueError(f"max_ppl_increase must be >= 0 (0.02 is +2 %), got {self.max_ppl_increase}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +110,8 @@ class GPT2StudyConfig:
         generation: what the generation scenario measures; its decode step is timed against the baseline's at
             its `speedup_past_len`, with `measure.speedup`.
         cluster: the Ray address of a cluster to measure the forward scenario on (`tracker.cluster`); None: here.
+        text: the real text a pretrained model is judged on, and its bounds; a model with seeded weights, or without
+            a tokenizer, gets seeded random tokens and the same-function check only.
     """
 
     model: str | None = None
@@ -81,6 +128,7 @@ class GPT2StudyConfig:
     scenarios: tuple[str, ...] = ("forward",)
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     cluster: str | None = None
+    text: TextConfig = field(default_factory=TextConfig)
 
     def __post_init__(self) -> None:
         if "forward" not in self.scenarios or not set(self.scenarios) <= set(SCENARIOS):
@@ -123,7 +171,31 @@ def check_study_inputs(config: GPT2StudyConfig) -> LMShape:
         raise ValueError(f"the model has {shape.max_positions} positions; seq_lens {config.seq_lens} are longer")
     if "generation" in config.scenarios:
         config.generation.check_positions(shape.max_positions)
+    if config.text.path or config.text.dataset:
+        from tracker.gpt2.text import read_text
+
+        read_text(path=config.text.path, dataset=config.text.dataset)  # an empty, binary or missing file: now
     return shape
+
+
+def study_text(config: GPT2StudyConfig, *, folder: str | None, vocab_size: int) -> TextInputs | None:
+    """The real text a pretrained model (loaded from `folder`) is judged on; None for seeded weights (no text can
+    judge them). A folder without a tokenizer gives seeded random ids, and says so (`TextInputs.note`).
+
+    Raises:
+        ValueError: the text is empty, binary, or too short for the asked lengths (the message has the sizes).
+    """
+    from tracker.gpt2.text import load_tokenizer, random_inputs, read_text, text_inputs
+
+    if folder is None:
+        return None
+    t = config.text
+    sizes = {"eval_chunks": t.eval_chunks, "eval_len": t.eval_len, "prompts": t.prompts, "prompt_len": t.prompt_len,
+             "seq_lens": config.seq_lens}
+    tokenizer = load_tokenizer(folder)
+    if tokenizer is None:
+        return random_inputs(vocab_size=vocab_size, seed=config.seed, why=f"no tokenizer in {folder}", **sizes)
+    return text_inputs(read_text(path=t.path, dataset=t.dataset), tokenizer, chat=t.chat, **sizes)
 
 
 def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None) -> Study:
@@ -155,7 +227,13 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         logger.info("gpt2: exporting with the %s exporter", config.exporter)
         with steps.step("export"):
             exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
-        tokens = {n: make_tokens(batch=config.batch, seq_len=n, vocab_size=loaded.vocab_size, seed=config.seed)
+        text = study_text(config, folder=loaded.folder, vocab_size=loaded.vocab_size)
+        real = text is not None and text.real
+        if text is not None and not text.real:
+            logger.warning("gpt2: judging %s on random token ids, not text (%s): same-function check only",
+                           loaded.source, text.note)
+        tokens = {n: (np.repeat(text.timing_ids[n], config.batch, axis=0) if real else
+                      make_tokens(batch=config.batch, seq_len=n, vocab_size=loaded.vocab_size, seed=config.seed))
                   for n in config.seq_lens}
         logger.info("gpt2: checking ONNX Runtime against PyTorch at seq %d", config.headline_seq)
         with steps.step("export"):
@@ -191,20 +269,29 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             "batch": str(config.batch),
             "scenarios": ",".join(config.scenarios),
             **(config.generation.params() if generation else {}),
+            **(text.params() if text is not None else {}),
+            "lm.check": CHECK_QUALITY if real else CHECK_SAME_FUNCTION,
         }
         del loaded  # the PyTorch weights (~0.5 GB for gpt2-small) are not needed while measuring
+        checked = None
+        if text is not None and text.real:
+            checked = TextSet(text.eval_ids, text.prompt_ids, new_tokens=config.text.new_tokens)
+        bounds = load_bounds(max_ppl_increase=config.text.max_ppl_increase)
+        tolerances = LOGITS_RECORDED if checked is not None else LOGITS_TOLERANCES
         scenario = None
         if decoder is not None:
             scenario = GenerationScenario(decoder.path, config.generation, session=config.session,
                                           speedup=config.measure.speedup, max_positions=decoder.max_positions,
-                                          tolerances=LOGITS_TOLERANCES, info=info)
+                                          tolerances=tolerances, info=info,
+                                          text=TextCheck(checked, bounds, decoder=True) if checked else None)
         setup = StudySetup(tags={TAG_WEIGHTS: weights}, workdir=work / "measure", generation=scenario,
-                           latency_feeds={f"s{n}": f for n, f in feeds.items()}, prior_steps=steps)
+                           latency_feeds={f"s{n}": f for n, f in feeds.items()}, prior_steps=steps,
+                           quality=TextCheck(checked, bounds) if checked is not None else None)
         with Study("gpt2", feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
                    params=params, setup=setup, cluster=config.cluster) as study:
             study.attempt("baseline", exported.path, session=config.session, tolerance=LOGITS_FP32,
                           description=f"{title} exported with the {exported.exporter} exporter ({weights})",
                           metrics=baseline_metrics, params=baseline_params)
             for name in config.attempt_names:
-                study.optimize(name, exported.path, info=info, session=config.session, tolerance=LOGITS_TOLERANCES)
+                study.optimize(name, exported.path, info=info, session=config.session, tolerance=tolerances)
         return study

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,6 +51,9 @@ LOGITS_INT8 = LogitsTolerance("int8", max_abs=2.0, min_top1=0.85, max_kl=5e-2)
 # top-1 0.06 and KL 0.15: each bound rejects it.
 LOGITS_INT4 = LogitsTolerance("int4", max_abs=2.0, min_top1=0.5, max_kl=2e-2)
 LOGITS_TOLERANCES = {t.name: t for t in (LOGITS_FP32, LOGITS_FP16, LOGITS_INT8, LOGITS_INT4)}
+# On real text the quality bounds decide (`text_quality`): the logits on the study's feeds are recorded, not bounded.
+LOGITS_RECORDED = {name: LogitsTolerance(name, max_abs=math.inf, min_top1=0.0, max_kl=math.inf)
+                   for name in LOGITS_TOLERANCES}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracker.base.keys import METRIC_DIFF_PASSED
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LogitsDiff, LogitsTolerance, compare_logits
+from tracker.measure.accuracy.text_quality import TextQuality
 from tracker.measure.generation.decoder import Generation
 
 
@@ -26,6 +28,8 @@ class GenerationDiff:
         along: the check of the attempt's next-token logits when fed the baseline's tokens (every step compares
             the same text) against the baseline's, with the tolerance of the attempt's precision; None when the
             attempt's logits along the baseline's tokens are not known.
+        quality: a language model's quality on real text through its decode loop (`text_scoring.TextCheck`), judged
+            by the bound of its precision; None when the study has no real text.
     """
 
     token_agreement: float
@@ -33,12 +37,14 @@ class GenerationDiff:
     first_step_kl: float
     first_step_max_abs: float
     along: LogitsDiff | None = None
+    quality: TextQuality | None = None
 
     @property
     def passed(self) -> bool | None:
         """The generation's accuracy check: `along` passed (max abs, top-1 over every step, mean KL within the
-        precision's bounds); None when it was not made."""
-        return self.along.passed if self.along is not None else None
+        precision's bounds), and so did `quality` when there is one; None when neither was made."""
+        checks = [c.passed for c in (self.along, self.quality) if c is not None and c.passed is not None]
+        return all(checks) if checks else None
 
     def metrics(self) -> dict[str, float]:
         metrics = {
@@ -49,10 +55,15 @@ class GenerationDiff:
         }
         if self.along is not None:
             metrics.update({f"gen.{key}": value for key, value in self.along.metrics().items()})
+        if self.quality is not None:
+            metrics.update(self.quality.metrics("gen.quality."))
+        if self.passed is not None:
+            metrics[f"gen.{METRIC_DIFF_PASSED}"] = float(self.passed)
         return metrics
 
     def params(self) -> dict[str, str]:
-        return {f"gen.{key}": value for key, value in self.along.params().items()} if self.along is not None else {}
+        params = {f"gen.{key}": value for key, value in self.along.params().items()} if self.along is not None else {}
+        return {**params, **(self.quality.params("gen.quality.") if self.quality is not None else {})}
 
 
 def compare_generations(
@@ -61,6 +72,7 @@ def compare_generations(
     *,
     along: Sequence[np.ndarray] | None = None,
     tolerance: LogitsTolerance = LOGITS_FP32,
+    quality: TextQuality | None = None,
 ) -> GenerationDiff:
     """Greedy-token agreement and the first step's divergence of `attempt` against `baseline`, and the check of
     `along` (the attempt's logits fed the baseline's tokens, `GenerationResult.along_reference`) with `tolerance`.
@@ -80,4 +92,4 @@ def compare_generations(
             raise ValueError(f"{len(along)} steps of logits along the baseline's tokens, expected "
                              f"{len(baseline.step_logits)}")
         checked = compare_logits([np.stack(baseline.step_logits)], [np.stack(along)], tolerance)
-    return GenerationDiff(float(equal.mean()), first, diff.kl_divergence, diff.max_abs, checked)
+    return GenerationDiff(float(equal.mean()), first, diff.kl_divergence, diff.max_abs, checked, quality)

@@ -13,10 +13,11 @@ import onnx
 
 from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
-from tracker.optimize.entry import Entry, knob
+from tracker.optimize.entry import Entry, EntryError, knob
 from tracker.optimize.model_files import prepare_output, save_proto
 from tracker.optimize.quantize.flatten import fold_flattening_reshapes
-from tracker.optimize.quantize.lm_head import lm_head_params, untie_fused_products
+from tracker.optimize.quantize.float_zero_points import quantize_matmuls
+from tracker.optimize.quantize.lm_head import lm_head_node, lm_head_params, products_of, untie_fused_products
 from tracker.optimize.quantize.prepare import model_bytes, prepared
 
 # MatMulNBits' accuracy_level 4 computes with int8 activations (quantized per block inside the kernel)
@@ -52,26 +53,44 @@ class Int4(Entry):
     without shape inference), with plain Gemms rewritten as MatMul + Add so their weights can be quantized, and
     the Reshapes that only flattened a product's input for its Gemm folded away (`flatten`).
 
-    Knobs: `block_size` (weights per scale), `accuracy_level` (4: int8 compute inside the kernel; 0: fp32),
-    `symmetric` (no zero point), `exclude` (nodes of the pre-processed graph left in fp32).
+    Knobs: `bits` (4; or 8, `int8_block32`: weight-only int8 in blocks), `block_size` (weights per scale),
+    `accuracy_level` (4: int8 compute inside the kernel; 0: fp32), `symmetric` (no zero point), `float_zero_point`
+    (the zero point a float, not a 4-bit integer; exact on weights that were on such a grid, but ONNX Runtime 1.32's
+    CPU kernel then dequantizes the whole weight each call: ~17x slower), `lm_head` (the logits' product: quantized
+    `same` as the rest, in `int8` blocks, or left in `fp32`), `int8_modules` (the products of these torch modules in
+    int8 blocks), `exclude` (nodes of the pre-processed graph left in fp32).
     """
 
     name: str = "int4_block32"
+    bits: int = knob(4, (4, 8), search=(4,), short="bits")
     block_size: int = knob(32, (16, 32, 64, 128), search=(32, 128), short="b")
     accuracy_level: int = knob(ACCURACY_LEVEL, (0, 1, 2, 3, 4), search=(0, 4), short="acc")
     symmetric: bool = knob(True, (False, True), short="sym")
+    # A zero point per block as a float, not a 4-bit integer (`float_zero_points`): asymmetric blocks only.
+    float_zero_point: bool = knob(False, (False, True), search=(False,), short="fzp")
+    # The logits' product: the largest single weight of a small LM, and often the one quantization costs most
+    # (docs/methodology.md, "Quality bounds for language models").
+    lm_head: str = knob("same", ("same", "int8", "fp32"), short="head")
+    # Modules whose products stay in int8 blocks, by the end of their torch module name (`up_proj`, `mlp.down_proj`),
+    # read from the dynamo export's `pkg.torch.onnx.name_scopes` (`lm_modules.products_of`): what the sensitivity on
+    # real text says costs the quality (docs/methodology.md, "Quality bounds for language models").
+    int8_modules: tuple[str, ...] = knob((), None, search=((),), short="i8")
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
     kind = Kind.QUANTIZATION
 
     @property
     def summary(self) -> str:
-        return (f"int4 weight-only MatMul weights (MatMulNBits, {'symmetric ' if self.symmetric else ''}blocks of "
-                f"{self.block_size}, {'int8' if self.accuracy_level == 4 else f'level {self.accuracy_level}'} "
-                "compute)")
+        head = "" if self.lm_head == "same" else f", lm_head in {self.lm_head}"
+        return (f"int{self.bits} weight-only MatMul weights (MatMulNBits, {'symmetric ' if self.symmetric else ''}"
+                f"blocks of {self.block_size}, {'int8' if self.accuracy_level == 4 else f'level {self.accuracy_level}'}"
+                f" compute{head})")
 
     def __post_init__(self) -> None:
         self.check_knobs()
+        if self.symmetric and self.float_zero_point:
+            raise ValueError(f"{self.name}: float_zero_point=true needs symmetric=false (a symmetric block has no "
+                             "zero point)")
 
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         return has_matmul_weights(model, context)
@@ -98,15 +117,11 @@ class Int4(Entry):
         wrapped = ONNXModel(model)
         wrapped.replace_gemm_with_matmul()
         rewritten = gemms - count_ops(wrapped.model, ("Gemm",))["Gemm"]
-        with _quiet_quantizer():
-            from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-            quantizer = MatMulNBitsQuantizer(
-                wrapped.model, bits=4, block_size=self.block_size, is_symmetric=self.symmetric,
-                accuracy_level=self.accuracy_level, nodes_to_exclude=list(self.exclude),
-            )
-            quantizer.process()
-        quantized_model = quantizer.model.model
+        int8_nodes = products_of(onnx.load_model(str(source), load_external_data=False), self.int8_modules)
+        if self.int8_modules and not int8_nodes:
+            raise EntryError(f"{self.name}: no product of the modules {', '.join(self.int8_modules)} in the graph (their "
+                             "names come from a dynamo export's name scopes)")
+        quantized_model = self._quantize(wrapped.model, int8_nodes)
         folded = fold_flattening_reshapes(quantized_model)
         save_proto(quantized_model, target)
 
@@ -118,7 +133,7 @@ class Int4(Entry):
             "pre-processed with ORT's basic graph optimizations (quant_pre_process: constant folding makes "
             "weights behind a Transpose, such as a tied lm_head, initializers the quantizer takes)",
             f"{rewritten} of {gemms} Gemm rewritten as MatMul + Add so their weights can be quantized",
-            f"{len(nbits)} MatMul weights quantized to int4 ({'symmetric' if self.symmetric else 'asymmetric'}, "
+            f"{len(nbits)} MatMul weights quantized to int{self.bits} ({self._zero_point_text}, "
             f"block_size {self.block_size}, accuracy_level {self.accuracy_level}); {left} MatMul/Gemm float weights "
             "left",
             f"model size {source_bytes / 1e6:.2f} MB -> {target_bytes / 1e6:.2f} MB "
@@ -132,6 +147,8 @@ class Int4(Entry):
                          "an untied copy of the weight, so it is quantized too")
         if self.exclude:
             notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
+        if int8_nodes:
+            notes.append(f"{len(int8_nodes)} product(s) of {', '.join(self.int8_modules)} in int8 blocks")
         padded = sum(1 for k in k_of if k % self.block_size)
         if padded:
             notes.append(f"{padded} of them have K not a multiple of {self.block_size}: their last block is "
@@ -146,16 +163,58 @@ class Int4(Entry):
             applied=bool(nbits),
             fusions={"MatMulNBits": len(nbits)},
             fully_optimized=None,
-            precision="int4",
+            precision=f"int{self.bits}",
             notes=tuple(notes),
             params={
                 "quantization.method": "weight_only",
-                "quantization.bits": "4",
+                "quantization.bits": str(self.bits),
                 "quantization.quantized_matmuls": str(len(nbits)),
                 **lm_head,
             },
         )
 
 
+    @property
+    def _zero_point_text(self) -> str:
+        if self.symmetric:
+            return "symmetric"
+        return "asymmetric, a float zero point per block" if self.float_zero_point else "asymmetric"
+
+    def _quantize(self, model: onnx.ModelProto, int8_nodes: list[str]) -> onnx.ModelProto:
+        """The MatMul weights of `model` in blocks: ORT's quantizer, or float zero points (`float_zero_points`); the
+        lm_head as `lm_head` says, and `int8_nodes` in int8 blocks."""
+        head = lm_head_node(model)
+        exclude = list(self.exclude) + int8_nodes
+        if self.lm_head != "same" and head is not None:
+            exclude.append(head.name)
+        if self.float_zero_point:
+            quantize_matmuls(model, block_size=self.block_size, accuracy_level=self.accuracy_level,
+                             exclude=tuple(exclude))
+        else:
+            model = _nbits(model, bits=self.bits, block_size=self.block_size, symmetric=self.symmetric,
+                           accuracy_level=self.accuracy_level, exclude=exclude)
+        eights = int8_nodes + ([head.name] if self.lm_head == "int8" and head is not None else [])
+        if eights:
+            model = _nbits(model, bits=8, block_size=self.block_size, symmetric=self.symmetric,
+                           accuracy_level=self.accuracy_level, include=eights)
+        return model
+
+
+def _nbits(model: onnx.ModelProto, *, bits: int, block_size: int, symmetric: bool, accuracy_level: int,
+           exclude: list[str] | None = None, include: list[str] | None = None) -> onnx.ModelProto:
+    """ORT's `MatMulNBitsQuantizer` on `model`: the MatMul weights of the nodes in `include` (default: all but
+    `exclude`) in blocks of `bits` integers."""
+    with _quiet_quantizer():
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        quantizer = MatMulNBitsQuantizer(model, bits=bits, block_size=block_size, is_symmetric=symmetric,
+                                         accuracy_level=accuracy_level, nodes_to_exclude=exclude or [],
+                                         nodes_to_include=include)
+        quantizer.process()
+    return quantizer.model.model
+
+
 BLOCK32 = Int4()
 BLOCK128 = Int4(name="int4_block128", block_size=128)
+# Weight-only int8 in blocks (MatMulNBits, 8 bits): near-lossless weights, the kernel as fast as int4's at level 4.
+INT8_BLOCK32 = Int4(name="int8_block32", bits=8)

@@ -29,27 +29,38 @@ _PASS_THROUGH = {"Reshape", "Add", "Transpose", "Squeeze", "Unsqueeze", "Cast", 
 LOGITS = "logits"
 
 
-def lm_head_precision(model: onnx.ModelProto, output: str = LOGITS) -> str | None:
-    """The precision of the product that computes `output` ("int4", "int8", "fp32"), found by walking back from the
-    output through reshapes and bias adds; None when the model has no such output or no product makes it.
-
-    A float product whose weight is itself the output of DequantizeLinear (a QDQ graph) counts as "int8".
-    """
+def lm_head_node(model: onnx.ModelProto, output: str = LOGITS) -> onnx.NodeProto | None:
+    """The product that computes `output` (the lm_head), found by walking back from the output through reshapes and
+    bias adds; None when the model has no such output or no product makes it."""
     producer = {out: node for node in model.graph.node for out in node.output}
     name = output if any(o.name == output for o in model.graph.output) else None
     seen = 0
     while name is not None and name in producer and seen < 16:
         node = producer[name]
         if node.op_type in PRODUCT_PRECISION:
-            precision = PRODUCT_PRECISION[node.op_type]
-            weight = producer.get(node.input[1]) if len(node.input) > 1 else None
-            if precision == "fp32" and weight is not None and weight.op_type == "DequantizeLinear":
-                return "int8"
-            return precision
+            return node
         if node.op_type not in _PASS_THROUGH:
             return None
         name, seen = node.input[0], seen + 1
     return None
+
+
+def lm_head_precision(model: onnx.ModelProto, output: str = LOGITS) -> str | None:
+    """The precision of the product that computes `output` ("int4", "int8", "fp32"; `lm_head_node`), or None.
+
+    A float product whose weight is itself the output of DequantizeLinear (a QDQ graph) counts as "int8"; a
+    `MatMulNBits` as its `bits`.
+    """
+    node = lm_head_node(model, output)
+    if node is None:
+        return None
+    if node.op_type == "MatMulNBits":
+        return f"int{next((a.i for a in node.attribute if a.name == 'bits'), 4)}"
+    precision = PRODUCT_PRECISION[node.op_type]
+    weight = next((n for n in model.graph.node if len(node.input) > 1 and node.input[1] in n.output), None)
+    if precision == "fp32" and weight is not None and weight.op_type == "DequantizeLinear":
+        return "int8"
+    return precision
 
 
 def lm_head_params(model: onnx.ModelProto) -> dict[str, str]:
@@ -85,3 +96,30 @@ def untie_fused_products(model: onnx.ModelProto) -> int:
         del node.attribute[:]
         rewritten += 1
     return rewritten
+
+
+# The dynamo exporter's record of each node's torch module path (`['', 'model', 'model.layers.0.mlp.up_proj', ...]`).
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def products_of(model: onnx.ModelProto, modules: tuple[str, ...]) -> list[str]:
+    """The names of the MatMul/Gemm nodes of `model` made by a torch module whose name ends with one of `modules`
+    (`up_proj`, `mlp.down_proj`), read from the dynamo export's `pkg.torch.onnx.name_scopes`; none when the export
+    recorded no scopes."""
+    if not modules:
+        return []
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm"):
+            continue
+        scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), "")
+        module = _innermost_module(scopes)
+        if module and any(module == m or module.endswith("." + m) for m in modules):
+            found.append(node.name)
+    return found
+
+
+def _innermost_module(scopes: str) -> str:
+    """The module path of a node from its name scopes' text: the last scope but the op's own (`linear_5`)."""
+    names = [part.strip().strip("'\"") for part in scopes.strip("[]").split(",") if part.strip()]
+    return names[-2] if len(names) >= 2 else ""
