@@ -19,7 +19,14 @@ from tracker.cluster import CLUSTER_HELP
 from tracker.experiment_args import add_measure_args, field_default, measure_config, session_config, setup_logging
 from tracker.gpt2.families import supported
 from tracker.measure.generation.generation import GenerationConfig
-from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, SCENARIOS, GPT2StudyConfig, check_study_inputs, run_gpt2_study
+from tracker.studies.gpt2 import (
+    DEFAULT_ATTEMPTS,
+    SCENARIOS,
+    GPT2StudyConfig,
+    TextConfig,
+    check_study_inputs,
+    run_gpt2_study,
+)
 
 
 def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
@@ -46,11 +53,31 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-past-lens", default=_joined(field_default(GenerationConfig, "decode_past_lens")),
                         help="generation: past lengths of the decode step; the largest is timed against the baseline")
     parser.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
+    parser.add_argument("--text", default="", help="a UTF-8 text file a pretrained model is judged on (default: the "
+                        "standard library's documentation, pydoc_data)")
+    parser.add_argument("--text-dataset", default="", help="a local Hugging Face dataset folder (save_to_disk) instead "
+                        "of --text; needs `pip install datasets`")
+    parser.add_argument("--max-ppl-increase", type=_optional_fraction, default=None,
+                        help="the largest perplexity increase any attempt may show on the text (0.05 is +5 %%); "
+                        "default: each precision's bound (tracker/measure/accuracy/lm_bounds.toml)")
 
 
 def _joined(values: tuple) -> str:
     """A tuple default as its option text: (8, 32, 128) -> "8,32,128"."""
     return ",".join(str(v) for v in values)
+
+
+def _optional_fraction(value: str) -> float | None:
+    """A non-negative fraction (0.05), or None for "" (MLproject's empty default)."""
+    if not value.strip():
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction such as 0.05 (+5 %), got {value!r}") from None
+    if not number >= 0:
+        raise argparse.ArgumentTypeError(f"expected a fraction >= 0 such as 0.05 (+5 %), got {value!r}")
+    return number
 
 
 def _ints(value: str, option: str) -> tuple[int, ...]:
@@ -83,6 +110,8 @@ def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
                                     prefill_lens=prefill_lens, speedup_prefill_len=max(prefill_lens, default=None),
                                     seed=args.seed, timing=measure.timing),
         cluster=args.cluster or None,
+        text=TextConfig(path=args.text or None, dataset=args.text_dataset or None,
+                        max_ppl_increase=args.max_ppl_increase),
     )
 
 

@@ -198,7 +198,8 @@ def study_text(config: GPT2StudyConfig, *, folder: str | None, vocab_size: int) 
     return text_inputs(read_text(path=t.path, dataset=t.dataset), tokenizer, chat=t.chat, **sizes)
 
 
-def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None) -> Study:
+def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None,
+                   name: str = "gpt2") -> Study:
     """Exports the model (GPT-2 or a LLaMA-family folder), checks ONNX Runtime against PyTorch, and logs the baseline
     and every attempt.
 
@@ -287,7 +288,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         setup = StudySetup(tags={TAG_WEIGHTS: weights}, workdir=work / "measure", generation=scenario,
                            latency_feeds={f"s{n}": f for n, f in feeds.items()}, prior_steps=steps,
                            quality=TextCheck(checked, bounds) if checked is not None else None)
-        with Study("gpt2", feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
+        with Study(name, feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
                    params=params, setup=setup, cluster=config.cluster) as study:
             study.attempt("baseline", exported.path, session=config.session, tolerance=LOGITS_FP32,
                           description=f"{title} exported with the {exported.exporter} exporter ({weights})",
