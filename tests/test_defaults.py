@@ -25,7 +25,7 @@ from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.latency import TimingConfig
 from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.studies import linreg as linreg_study
-from tracker.studies.gpt2 import GPT2StudyConfig
+from tracker.studies.gpt2 import GPT2StudyConfig, TextConfig
 from tracker.studies.own import OwnModelConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,6 +86,9 @@ GPT2 = {
     "seed": Source(GPT2StudyConfig, "seed"),
     "cluster": Source(GPT2StudyConfig, "cluster"),
 }
+TEXT = {"text": Source(TextConfig, "path"), "max_ppl_increase": Source(TextConfig, "max_ppl_increase")}
+# The lm study: the gpt2 study's options but its size and cluster (a real model, measured here).
+LM = {name: source for name, source in GPT2.items() if name not in ("size", "cluster")}
 OPTIMIZE = {
     "feeds": Source(OwnModelConfig, "feeds"),
     "task": Source(OwnModelConfig, "task"),
@@ -104,7 +107,8 @@ SOURCES = {
     "linreg": {**MEASURE, "cluster": Source(linreg_study.run, "cluster")},
     "fusion": {**MEASURE, "seed": Source(fusion_script.fusion.run, "seed"),
                "cluster": Source(fusion_script.fusion.run, "cluster")},
-    "gpt2": {**MEASURE, **GPT2},
+    "gpt2": {**MEASURE, **GPT2, **TEXT},
+    "lm": {**MEASURE, **LM, **TEXT},
     "optimize": {**MEASURE, **OPTIMIZE},
 }
 PARAMETERS = [(entry, name) for entry, spec in ENTRY_POINTS.items() for name, param in spec["parameters"].items()

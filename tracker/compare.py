@@ -182,6 +182,8 @@ def format_table(comparison: Comparison) -> str:
             accuracy += f" top1 {r.top1_agreement:.1%}"
         if r.cosine_min is not None:
             accuracy += f" cos {r.cosine_min:.4f}"
+        if r.ppl_increase is not None:
+            accuracy += f" ppl {r.ppl_increase:+.1%} greedy {r.greedy_prefix or 0:.0%}"
         interval = "-" if r.speedup_ci_low is None else (
             f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}]")
         detects = "-" if r.speedup_mde is None or r.verdict == Verdict.BASELINE else f"\u00b1{r.speedup_mde:.1%}"

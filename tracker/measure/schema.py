@@ -29,6 +29,9 @@ DIFF_MAX_ABS = "diff.max_abs"
 DIFF_NONFINITE = "diff.nonfinite_mismatches"
 TOP1 = "diff.top1_agreement"
 COSINE_MIN = "diff.cosine_min"
+# A language model's quality on real text (`text_quality.TextQuality.metrics`): the forward scenario's.
+PPL_INCREASE = "quality.ppl_increase"
+GREEDY_PREFIX = "quality.greedy_prefix"
 SIZE_BYTES = "model.size_bytes"
 NODE_COUNT = "graph.node_count"
 

@@ -48,13 +48,15 @@ DIFF_PASSED = "diff_passed"
 DIFF_MAX_ABS = "diff_max_abs"
 TOP1 = "top1_agreement"  # language-model and classification checks
 COSINE = "cosine_min"  # embedding checks
+PPL_INCREASE = "ppl_increase"  # a language model on real text: perplexity / the baseline's - 1
+GREEDY_PREFIX = "greedy_prefix"  # ... and the share of greedy tokens matching the baseline's before a difference
 SIZE_BYTES = "size_bytes"
 NODE_COUNT = "node_count"
 ERROR = "error"
 RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
-                   SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, COSINE, SIZE_BYTES,
-                   NODE_COUNT, ERROR, RUN_ID)
+                   SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, COSINE, PPL_INCREASE,
+                   GREEDY_PREFIX, SIZE_BYTES, NODE_COUNT, ERROR, RUN_ID)
 # Where each attempt ran on a cluster: columns the table has after ATTEMPT only when its rows hold several node
 # types (`several_node_types`); a local study, or a cluster of one node type, has the columns above alone.
 NODE_TYPE = "node_type"  # the `tracker.node_type` tag
@@ -93,6 +95,8 @@ class AttemptRow:
     diff_nonfinite: int | None = None  # outputs NaN or infinite on one side only
     top1_agreement: float | None = None
     cosine_min: float | None = None
+    ppl_increase: float | None = None
+    greedy_prefix: float | None = None
     size_bytes: int | None = None
     node_count: int | None = None
     error: str | None = None
@@ -145,6 +149,8 @@ def row_from_content(
         diff_nonfinite=_int(metrics.get(schema.DIFF_NONFINITE)),
         top1_agreement=metrics.get(schema.TOP1),
         cosine_min=metrics.get(schema.COSINE_MIN),
+        ppl_increase=metrics.get(schema.PPL_INCREASE),
+        greedy_prefix=metrics.get(schema.GREEDY_PREFIX),
         size_bytes=_int(metrics.get(schema.SIZE_BYTES)),
         node_count=_int(metrics.get(schema.NODE_COUNT)),
         error=tags.get(TAG_ERROR) or (f"run {run_status}" if crashed else None),

@@ -23,10 +23,12 @@ from tracker.report.rows import (
     DIFF_PASSED,
     DISTURBED,
     ERROR,
+    GREEDY_PREFIX,
     NODE_COUNT,
     NODE_TYPE,
     OP_TYPE,
     P50_MS,
+    PPL_INCREASE,
     RUNTIME,
     SIZE_BYTES,
     SPEEDUP,
@@ -160,8 +162,7 @@ def _rooflines_chart(rooflines: Mapping[str, R.Roofline], *, top: int, title: st
 
 def _scenario_parts(rows: Sequence[AttemptRow], rooflines: Mapping[str, R.Roofline],
                     phase_rooflines: Mapping[str, Mapping[str, R.Roofline]]) -> tuple[list, dict[str, pd.DataFrame]]:
-    """The scenarios section (HTML and a chart of each attempt's prefill and decode) and its tables ("scenarios",
-    "generation"); nothing when no attempt has generation figures."""
+    """The scenarios section (HTML, a chart of each attempt's prefill and decode), its tables; nothing without."""
     generation = generation_table(rows)
     if generation.empty:
         return [], {}
@@ -340,6 +341,8 @@ def _attempts_html(attempts: pd.DataFrame, labels: Sequence[str]) -> str:
                 accuracy += f", top-1 {row[TOP1]:.1%}"
             if _present(row[COSINE]):
                 accuracy += f", cosine &ge; {row[COSINE]:.4f}"
+            if _present(row[PPL_INCREASE]):
+                accuracy += f", perplexity {row[PPL_INCREASE]:+.1%}, greedy {row[GREEDY_PREFIX]:.0%}"
         else:
             accuracy = _NA
         where = [_e(row[NODE_TYPE]) if _present(row[NODE_TYPE]) else _NA] if by_type else []

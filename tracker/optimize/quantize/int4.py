@@ -70,7 +70,7 @@ class Int4(Entry):
     float_zero_point: bool = knob(False, (False, True), search=(False,), short="fzp")
     # The logits' product: the largest single weight of a small LM, and often the one quantization costs most
     # (docs/methodology.md, "Quality bounds for language models").
-    lm_head: str = knob("same", ("same", "int8", "fp32"), short="head")
+    lm_head: str = knob("same", ("same", "int8", "fp32"), search=("same",), short="head")
     # Modules whose products stay in int8 blocks, by the end of their torch module name (`up_proj`, `mlp.down_proj`),
     # read from the dynamo export's `pkg.torch.onnx.name_scopes` (`lm_modules.products_of`): what the sensitivity on
     # real text says costs the quality (docs/methodology.md, "Quality bounds for language models").
