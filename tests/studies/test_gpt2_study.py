@@ -170,6 +170,37 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
     assert f"prefill (the prompt pass of 32 tokens): best {bests['prefill']}" in text
 
 
+@pytest.mark.slow
+def test_a_family_the_rewrites_do_not_know_gets_the_forward_attempts_and_the_reason_there_is_no_generation(
+        tmp_path, monkeypatch):
+    from tests.gpt2.test_families import TINY_GEMMA3
+    from tracker.studies.gpt2 import run_gpt2_study
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    config_path = tmp_path / "gemma3.json"
+    config_path.write_text(json.dumps({"model_type": "gemma3_text", **TINY_GEMMA3}))
+    study = run_gpt2_study(_generation_study(size="small", config_path=str(config_path),
+                                             attempts=("ort_opt_basic", "int8_dynamic")),
+                           experiment="gemma", workdir=tmp_path / "work")
+    client = MlflowClient(tracking_uri=uri)
+    runs = {r.info.run_name: r.data for r in client.search_runs([client.get_experiment_by_name("gemma").experiment_id])}
+    assert set(runs) == {"gpt2", "baseline", "ort_opt_basic", "int8_dynamic"}
+    params = runs["gpt2"].params
+    assert params["lm.family"] == "gemma3_text" and params["lm.family_known"] == "false"
+    assert "generation scenario does not apply" in params["gen.skipped"] and "attention_fused" in params["gen.skipped"]
+    assert "gen.decode_past_lens" not in params
+    for name in ("baseline", "int8_dynamic"):  # the generic attempts are measured, on the forward pass only
+        metrics = runs[name].metrics
+        assert metrics["latency.p50_ms"] > 0 and not any(key.startswith("gen.") for key in metrics), name
+    assert runs["baseline"].metrics["export.torch_passed"] == 1.0
+    # ORT's transformer optimizer was written for other graphs: its attempt fails, saying so
+    assert "ORT's transformer optimizer has no fusions" in runs["ort_opt_basic"].tags["tracker.error"]
+    assert set(study.scenario_bests) == {"forward"}
+
+
 @pytest.mark.parametrize(
     ("overrides", "match"),
     [

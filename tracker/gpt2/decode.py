@@ -1,5 +1,5 @@
-"""Exporting a causal LM (GPT-2 or LLaMA family) ready to decode (past key/values in, present key/values out) and checking it against PyTorch over
-a prompt and greedy steps."""
+"""Exporting a causal LM of a known family (GPT-2 or LLaMA family: `families.FAMILIES`) ready to decode (past
+key/values in, present key/values out) and checking it against PyTorch over a prompt and greedy steps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from tracker.base.errors import ModelError
 from tracker.gpt2.export import exported_graph
+from tracker.gpt2.families import family_support
 from tracker.gpt2.model import LoadedLM
 from tracker.measure.generation.decoder import INPUT_IDS, LOGITS, DecoderSession, past_names, present_name
 from tracker.measure.runtimes.ort_runtime import SessionConfig
@@ -97,8 +99,13 @@ def export_decoder(
             and 1; the past of length 0 is then checked at run time, not traced).
 
     Raises:
+        ModelError: the model is not of a known family (`families.family_support`): its decode-ready export is not
+            checked, and the message says why.
         ValueError: an example length < 2, or the two together longer than the model's positions.
     """
+    support = family_support(loaded.config)
+    if not support.known:
+        raise ModelError(f"no decode-ready export of {loaded.source}: {support.reason}")
     n_positions = loaded.max_positions
     if min(example_seq_len, example_past_len) < 2 or example_seq_len + example_past_len > n_positions:
         raise ValueError(f"example lengths must be >= 2 and fit in {n_positions} positions together, got seq "

@@ -1,13 +1,15 @@
-"""Loading a causal LM offline (GPT-2 or LLaMA family): a local folder, or an architecture with seeded weights."""
+"""Loading a causal LM offline (GPT-2, the LLaMA family, or any other family `AutoModelForCausalLM` builds): a local
+folder, or an architecture with seeded weights."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 from tracker.base.errors import ModelError
-from tracker.gpt2.families import LMShape, check_family, config_from_json, lm_shape, read_config
+from tracker.gpt2.families import LMShape, check_family, config_from_json, family_support, lm_shape, read_config
 from tracker.gpt2.gguf import local_folder
 
 if TYPE_CHECKING:
@@ -59,8 +61,8 @@ PARAM_NOISE_STD = 0.02
 
 @dataclass(frozen=True)
 class LoadedLM(LMShape):
-    """A causal LM (GPT-2 or LLaMA family) in eval mode, where it came from, and its shape (the `LMShape` fields:
-    family, layers, heads, KV heads, head width, hidden size, positions, vocabulary).
+    """A causal LM in eval mode, where it came from, and its shape (the `LMShape` fields: family, layers, heads, KV
+    heads, head width, hidden size, positions, vocabulary, tied embeddings).
 
     Attributes:
         model: the transformers model (`GPT2LMHeadModel`, `LlamaForCausalLM`, ...), in eval mode, float32.
@@ -68,8 +70,9 @@ class LoadedLM(LMShape):
         pretrained: True when the weights were loaded with `from_pretrained`, False when seeded.
         source: "local:<path or cached name>", "gguf:<path>", "config:<size>" or "config-file:<path>".
         folder: the local folder (or cached name) the weights and tokenizer were loaded from; None when built.
-        params: what to log as MLflow params (`gpt2.*` keys for GPT-2, `lm.*` for the others, and `lm.family`; string
-            values), and the `lm.gguf.*` of a GGUF file (`GGUFSource.params`).
+        params: what to log as MLflow params (`gpt2.*` keys for GPT-2, `lm.*` for the others; string values), and for
+            every family `lm.family`, `lm.family_known` and `lm.family_note` (`families.family_support`), and the
+            `lm.gguf.*` of a GGUF file (`GGUFSource.params`).
     """
 
     model: PreTrainedModel
@@ -87,12 +90,16 @@ LoadedGPT2 = LoadedLM
 def load_lm(
     *, model: str | None = None, size: str = "small", config_path: str | None = None, seed: int = 0
 ) -> LoadedLM:
-    """Loads a local causal LM (GPT-2 or LLaMA family), or builds one with seeded weights that look trained.
+    """Loads a local causal LM, or builds one with seeded weights that look trained.
+
+    Any family `AutoModelForCausalLM` builds loads; `families.family_support` says whether it is a known one (its
+    decode-ready export checked) or takes the generic path (the forward export only).
 
     Args:
         model: a local folder written by `save_pretrained`, or a name already in the Hugging Face cache; its
-            `config.json` must name one of `families.FAMILIES`. Or a GGUF file (or a folder holding one and no
-            config.json), converted to such a folder the first time (`gguf.resolve_gguf`). Nothing is downloaded.
+            `config.json` must describe a causal LM (`families.check_family`). Or a GGUF file (or a folder holding
+            one and no config.json), converted to such a folder the first time (`gguf.resolve_gguf`). Nothing is
+            downloaded.
             When None, a model is built from `config_path` or `size`.
         size: one of SIZES (GPT-2), used when neither `model` nor `config_path` is given.
         config_path: a config JSON file to build the model from (its `model_type`, GPT-2 when it names none).
@@ -100,8 +107,8 @@ def load_lm(
 
     Raises:
         ValueError: unknown size, or both `model` and `config_path` given.
-        ModelError: `model` is not available offline, or is not a causal LM of a supported family (the message
-            names its architecture and the supported ones), or is a GGUF file that cannot be converted.
+        ModelError: `model` is not available offline, or is not a causal LM (the message names its architecture),
+            or is a GGUF file that cannot be converted.
     """
     _check_source(model=model, size=size, config_path=config_path)
     gguf: GGUFSource | None = None
@@ -136,10 +143,12 @@ def load_lm(
         }
     else:
         params = {"lm.pretrained": str(pretrained).lower(), "lm.source": source, "lm.seed": seed_param,
-                  **{f"lm.{k}": str(v) for k, v in asdict(shape).items() if k != "family"},
+                  **{f"lm.{k}": _param(v) for k, v in asdict(shape).items() if k != "family"},
                   "lm.num_parameters": num_parameters,
                   "lm.attn_implementation": str(config._attn_implementation)}
-    params["lm.family"] = shape.family
+    support = family_support(config)
+    params.update({"lm.family": shape.family, "lm.family_known": _param(support.known),
+                   "lm.family_note": support.reason})
     if gguf is not None:
         params.update(gguf.params())
     logger.info("%s loaded from %s: %s layers, %s parameters", shape.family, source, shape.n_layer, num_parameters)
@@ -167,21 +176,20 @@ def lm_config(*, model: str | None = None, size: str = "small", config_path: str
 
 
 def seeded_lm(config: PretrainedConfig, *, seed: int = 0) -> PreTrainedModel:
-    """A causal LM of `config`'s architecture (one of `families.FAMILIES`) with seeded weights that look trained:
-    norms and biases get seeded noise, as trained ones have. The caller's global torch RNG is left as it was.
+    """A causal LM of `config`'s architecture (any family `AutoModelForCausalLM` builds) with seeded weights that look
+    trained: norms and biases get seeded noise, as trained ones have. The caller's global torch RNG is left as it was.
 
     Raises:
-        ModelError: `config` is not of a supported family.
+        ModelError: `config` is not a causal LM (`families.check_family`).
     """
     import torch
     from transformers import AutoModelForCausalLM
 
     check_family(config, where="the config")
-    config._attn_implementation = ATTN_IMPLEMENTATION
     # fork_rng: seeding the init must not reseed the caller's global torch RNG.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        lm = AutoModelForCausalLM.from_config(config, attn_implementation=ATTN_IMPLEMENTATION)
+        lm = _with_attention(lambda attn: AutoModelForCausalLM.from_config(config, attn_implementation=attn))
     _perturb_bias_and_norm(lm, seed=seed)
     return lm.eval()
 
@@ -199,15 +207,35 @@ def _from_pretrained(name: str) -> PreTrainedModel:
 
     read_config(name)  # the architecture is checked before any weight is read
     try:
-        return AutoModelForCausalLM.from_pretrained(
-            name, local_files_only=True, attn_implementation=ATTN_IMPLEMENTATION, dtype=torch.float32
-        )
+        return _with_attention(lambda attn: AutoModelForCausalLM.from_pretrained(
+            name, local_files_only=True, attn_implementation=attn, dtype=torch.float32))
     except OSError as e:  # transformers' "not found / not cached / no weights file" is an OSError
         raise ModelError(
             f"no weights are available offline for {name!r} (no model hub here: it must be a local "
             f"directory written by save_pretrained, or a name already in the Hugging Face cache); pass a "
             f"local directory, or omit --model to build GPT-2 with seeded weights ({e})"
         ) from e
+
+
+def _with_attention(build: Callable[[str | None], PreTrainedModel]) -> PreTrainedModel:
+    """`build(ATTN_IMPLEMENTATION)`, or `build(None)` (the model's default attention) when its class refuses it.
+
+    transformers 5 accepts "eager" for every class it ships (`get_correct_attn_implementation`); a class of remote
+    code may not, and its own attention is then better than no model.
+    """
+    try:
+        return build(ATTN_IMPLEMENTATION)
+    except ValueError as e:
+        if "attn_implementation" not in str(e):
+            raise
+        logger.warning("%r attention refused (%s): loading with the model's default", ATTN_IMPLEMENTATION,
+                       str(e).splitlines()[0])
+        return build(None)
+
+
+def _param(value: object) -> str:
+    """A param's string: booleans as "true"/"false", as the other params say them."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _from_config(*, size: str, config_path: str | None, seed: int) -> PreTrainedModel:

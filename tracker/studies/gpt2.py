@@ -190,12 +190,13 @@ def study_text(config: GPT2StudyConfig, *, folder: str | None, vocab_size: int) 
     if folder is None:
         return None
     t = config.text
-    sizes = {"eval_chunks": t.eval_chunks, "eval_len": t.eval_len, "prompts": t.prompts, "prompt_len": t.prompt_len,
-             "seq_lens": config.seq_lens}
     tokenizer = load_tokenizer(folder)
     if tokenizer is None:
-        return random_inputs(vocab_size=vocab_size, seed=config.seed, why=f"no tokenizer in {folder}", **sizes)
-    return text_inputs(read_text(path=t.path, dataset=t.dataset), tokenizer, chat=t.chat, **sizes)
+        return random_inputs(vocab_size=vocab_size, seed=config.seed, why=f"no tokenizer in {folder}",
+                             eval_chunks=t.eval_chunks, eval_len=t.eval_len, prompts=t.prompts,
+                             prompt_len=t.prompt_len, seq_lens=config.seq_lens)
+    return text_inputs(read_text(path=t.path, dataset=t.dataset), tokenizer, chat=t.chat, eval_chunks=t.eval_chunks,
+                       eval_len=t.eval_len, prompts=t.prompts, prompt_len=t.prompt_len, seq_lens=config.seq_lens)
 
 
 def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, workdir: str | Path | None = None,
@@ -212,6 +213,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
     """
     from tracker.gpt2.decode import export_decoder, verify_decoder
     from tracker.gpt2.export import export_gpt2, verify_export
+    from tracker.gpt2.families import family_support
     from tracker.gpt2.model import load_lm
     from tracker.gpt2.tokens import feeds_for, make_tokens
 
@@ -225,6 +227,10 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         logger.info("gpt2: loading the model (%s)", config.model or config.config_path or config.size)
         with steps.step("load"):
             loaded = load_lm(model=config.model, size=config.size, config_path=config.config_path, seed=config.seed)
+        support = family_support(loaded.model.config)
+        if generation and not support.known:
+            logger.warning("gpt2: no generation scenario for %s: %s", loaded.source, support.reason)
+            generation = False
         logger.info("gpt2: exporting with the %s exporter", config.exporter)
         with steps.step("export"):
             exported = export_gpt2(loaded, work / "baseline" / "model.onnx", exporter=config.exporter)
@@ -233,7 +239,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         if text is not None and not text.real:
             logger.warning("gpt2: judging %s on random token ids, not text (%s): same-function check only",
                            loaded.source, text.note)
-        tokens = {n: (np.repeat(text.timing_ids[n], config.batch, axis=0) if real else
+        tokens = {n: (np.repeat(text.timing_ids[n], config.batch, axis=0) if text is not None and real else
                       make_tokens(batch=config.batch, seq_len=n, vocab_size=loaded.vocab_size, seed=config.seed))
                   for n in config.seq_lens}
         logger.info("gpt2: checking ONNX Runtime against PyTorch at seq %d", config.headline_seq)
@@ -258,7 +264,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
                                      "export.decoder_torch_passed": float(decode_check.passed)})
             baseline_params["export.decoder_torch_atol"] = repr(decode_check.atol)
         feeds = {n: feeds_for(t, exported.input_names) for n, t in tokens.items()}
-        info = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size)
+        info = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.attention_size)
         weights = "pretrained" if loaded.pretrained else "random (seeded), not pretrained"
         title = "GPT-2" if loaded.family == "gpt2" else type(loaded.model).__name__
         params = {
@@ -270,6 +276,7 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
             "batch": str(config.batch),
             "scenarios": ",".join(config.scenarios),
             **(config.generation.params() if generation else {}),
+            **({"gen.skipped": support.reason} if "generation" in config.scenarios and not generation else {}),
             **(text.params() if text is not None else {}),
             "lm.check": CHECK_QUALITY if real else CHECK_SAME_FUNCTION,
         }
