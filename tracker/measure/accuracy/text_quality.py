@@ -67,7 +67,8 @@ def load_bounds(path: str | Path = BOUNDS_FILE, *, max_ppl_increase: float | Non
         missing = [f for f in fields if not isinstance(values, dict) or f not in values]
         if missing:
             raise ValueError(f"{path}: [{precision}] needs {', '.join(fields)}; missing {', '.join(missing)}")
-        bound = QualityBound(precision, *(float(values[f]) for f in fields), basis=str(values.get("basis", "")))
+        bound = QualityBound(precision, float(values["max_ppl_increase"]), float(values["min_top1"]),
+                             float(values["min_greedy_prefix"]), basis=str(values.get("basis", "")))
         bounds[precision] = bound if max_ppl_increase is None else replace(bound, max_ppl_increase=max_ppl_increase)
     if not bounds:
         raise ValueError(f"{path} holds no bounds")

@@ -135,6 +135,7 @@ class TextCheck:
         scores = score(model, session, self.text, workdir)
         if reference:
             self.baseline = scores
+        assert self.baseline is not None  # checked above
         return compare_scores(self.baseline, scores, bound)
 
 

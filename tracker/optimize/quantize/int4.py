@@ -119,8 +119,8 @@ class Int4(Entry):
         rewritten = gemms - count_ops(wrapped.model, ("Gemm",))["Gemm"]
         int8_nodes = products_of(onnx.load_model(str(source), load_external_data=False), self.int8_modules)
         if self.int8_modules and not int8_nodes:
-            raise EntryError(f"{self.name}: no product of the modules {', '.join(self.int8_modules)} in the graph (their "
-                             "names come from a dynamo export's name scopes)")
+            raise EntryError(self.name, f"finds no product of the modules {', '.join(self.int8_modules)} in the graph "
+                             "(their names come from a dynamo export's name scopes)")
         quantized_model = self._quantize(wrapped.model, int8_nodes)
         folded = fold_flattening_reshapes(quantized_model)
         save_proto(quantized_model, target)
