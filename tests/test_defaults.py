@@ -100,6 +100,9 @@ OPTIMIZE = {
     "search": Source(OwnModelConfig, "search"),
     "budget": Source(OwnModelConfig, "budget_s"),
     "cluster": Source(OwnModelConfig, "cluster"),
+    "tokenizer": Source(OwnModelConfig, "tokenizer"),
+    "text": Source(OwnModelConfig, "text"),
+    "max_ppl_increase": Source(OwnModelConfig, "max_ppl_increase"),
 }
 # Each entry point's parameters -> where their defaults are written. A new parameter must be added here.
 SOURCES = {

@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_optimize_parser(sub) -> None:
     from tracker.cluster import CLUSTER_HELP
-    from tracker.experiment_args import FieldDefault, add_measure_args
+    from tracker.experiment_args import FieldDefault, add_measure_args, add_text_args
 
     o = sub.add_parser(
         "optimize", help="run every registry attempt that applies to a model, each as a run; print the comparison",
@@ -120,6 +120,7 @@ def _add_optimize_parser(sub) -> None:
                         "passes --task's check: an accuracy screen, a speed screen, then the leaders in full")
     o.add_argument("--budget", default="", metavar="DURATION",
                    help="wall time of --search, e.g. 20m, 90s, 1h30m (default: no limit)")
+    add_text_args(o)
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
     o.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
     add_measure_args(o)
@@ -151,6 +152,8 @@ def _optimize(args: argparse.Namespace) -> int:
         search=args.search,
         budget_s=parse_budget(args.budget) if args.budget else None,
         cluster=args.cluster or None,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None, text=Path(args.text) if args.text else None,
+        max_ppl_increase=args.max_ppl_increase,
     )
     chosen = own.plan(config)  # bad input fails here, before any run is made
     if args.dry_run:

@@ -44,6 +44,21 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_text_args(parser: argparse.ArgumentParser) -> None:
+    """Adds --tokenizer, --text, --max-ppl-increase: the real text a language model is judged on beyond its logits.
+    Each defaults to not given ("", None); `tracker.studies.own.OwnModelConfig` checks how they go together."""
+    parser.add_argument("--tokenizer", default="", metavar="FOLDER",
+                        help="with --task lm: the model's Hugging Face tokenizer folder (save_pretrained); the LM is "
+                             "then judged on real text (perplexity, top-1 along the text, greedy prompts) within "
+                             "each precision's bound, not only on its logits (default: logits only, same function)")
+    parser.add_argument("--text", default="", metavar="FILE",
+                        help="with --tokenizer: a UTF-8 text file to judge on (default: the standard library's "
+                             "documentation, pydoc_data)")
+    parser.add_argument("--max-ppl-increase", type=_optional_number, default=None, metavar="X",
+                        help="with --tokenizer: the largest perplexity increase any attempt may show on the text "
+                             "(0.05 is +5 %%); default: each precision's bound (tracker/measure/accuracy/lm_bounds.toml)")
+
+
 def field_default(cls: type, name: str) -> object:
     """The default of the dataclass `cls`'s field `name`: an option's default is written there, and only there.
 
@@ -140,6 +155,11 @@ def _non_negative_int(text: str) -> int:
 
 def _non_negative_float(text: str) -> float:
     return _checked(text, float, lambda v: v >= 0, "a number >= 0")
+
+
+def _optional_number(text: str) -> float | None:
+    """A number, or None for "" (MLproject's empty default); its range is the config's to check."""
+    return _checked(text, float, lambda v: True, "a number such as 0.05 (+5 %)") if text.strip() else None
 
 
 def _checked(text: str, kind, ok, expected: str):

@@ -10,22 +10,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 
-from tracker.api import Study
+from tracker.api import Study, StudySetup
 from tracker.base.model_io import check_ort_ops, load_model
 from tracker.cluster import Address
 from tracker.compare import Comparison
-from tracker.measure.accuracy.task_diff import TASKS, task_tolerances
+from tracker.gpt2.text import TextInputs
+from tracker.measure.accuracy.lm_diff import LOGITS_RECORDED
+from tracker.measure.accuracy.task_diff import TASKS, TaskTolerance, task_tolerances
+from tracker.measure.accuracy.text_quality import load_bounds
 from tracker.measure.attempt import AttemptResult, MeasureConfig
+from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.inputs.feed_files import load_feeds
 from tracker.measure.inputs.feeds import make_feeds
+from tracker.measure.inputs.model_inputs import index_tables, input_specs
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
 from tracker.report.rows import attempt_rows, pick_best
 from tracker.search import SearchConfig
+from tracker.studies.gpt2 import CHECK_QUALITY, CHECK_SAME_FUNCTION
 
 logger = logging.getLogger(__name__)
+
+# The inputs the text check feeds (`text_scoring.score_forward`): the ids, and a mask of ones when the model takes one.
+TEXT_INPUTS = ("input_ids", "attention_mask")
 
 
 def default_name(model: str | Path) -> str:
@@ -54,6 +64,11 @@ class OwnModelConfig:
         search: search the entries' knobs and chains (`Study.search`) instead of running each entry once.
         budget_s: the search's wall-time budget in seconds (None: no limit).
         cluster: the Ray address of a cluster to measure on (`tracker.cluster`); None measures here.
+        tokenizer: a local Hugging Face tokenizer folder (task lm only): the LM is judged on real text cut with it
+            (perplexity, top-1 along the text, greedy prompts) within each precision's bound; None: on the feeds'
+            logits only (same function).
+        text: a UTF-8 text file to judge on with `tokenizer`; None: the standard library's documentation.
+        max_ppl_increase: replaces every precision's perplexity bound (0.05 is +5 %); None: `lm_bounds.toml`'s.
     """
 
     model: Path
@@ -70,10 +85,14 @@ class OwnModelConfig:
     search: bool = False
     budget_s: float | None = None
     cluster: str | None = None
+    tokenizer: Path | None = None
+    text: Path | None = None
+    max_ppl_increase: float | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
             raise ValueError(f"unknown task {self.task!r}; expected one of {', '.join(TASKS)}")
+        self._check_text()
         unknown = sorted(set(self.skip) - set(REGISTRY))
         if unknown:
             raise ValueError(f"unknown attempts {unknown}; the registry has {', '.join(REGISTRY)}")
@@ -90,6 +109,25 @@ class OwnModelConfig:
             if self.search:
                 raise ValueError("--search is not supported on a cluster yet: run it without --cluster")
             Address.parse(self.cluster)  # a malformed address: before any work
+
+    def _check_text(self) -> None:
+        """The text options: a tokenizer for an LM only, the text and its bound only with a tokenizer."""
+        if self.tokenizer is not None and self.task != "lm":
+            raise ValueError(f"--tokenizer judges a language model on real text: it needs --task lm, got --task "
+                             f"{self.task}")
+        if self.tokenizer is None:
+            for option, value in (("--text", self.text), ("--max-ppl-increase", self.max_ppl_increase)):
+                if value is not None:
+                    raise ValueError(f"{option} is for the check on real text: add --tokenizer (the model's tokenizer "
+                                     f"folder)")
+            return
+        if self.max_ppl_increase is not None and not self.max_ppl_increase > 0:
+            raise ValueError(f"--max-ppl-increase must be > 0 (0.05 is +5 %), got {self.max_ppl_increase}")
+        if self.search:
+            raise ValueError("--search with --tokenizer is not supported yet (the search screens candidates on the "
+                             "feeds' logits, not on the text): run one of them")
+        if self.cluster:
+            raise ValueError("--tokenizer is not supported on a cluster yet: run it without --cluster")
 
     @property
     def study_name(self) -> str:
@@ -108,6 +146,7 @@ class Plan:
         info_source: where `info` was read ("config.json", "graph"), or why it could not be.
         run: the registry entries to run, in registry order.
         not_run: every other entry, with the reason it does not run.
+        text: the real text an LM is judged on (`--tokenizer`); None: judged on the feeds alone.
     """
 
     feeds: dict[str, np.ndarray]
@@ -116,6 +155,7 @@ class Plan:
     info_source: str
     run: tuple[str, ...]
     not_run: dict[str, str]
+    text: TextInputs | None = None
 
 
 def plan(config: OwnModelConfig) -> Plan:
@@ -124,10 +164,12 @@ def plan(config: OwnModelConfig) -> Plan:
     Raises:
         ModelError: the model cannot be read, or ONNX Runtime has no kernel for one of its ops.
         FeedError: the feeds file does not fit the model, or valid feeds cannot be generated.
-        ValueError: an entry named in `attempts` does not apply to the model (with the reason).
+        ValueError: an entry named in `attempts` does not apply to the model (with the reason); with a tokenizer, as
+            `plan_text`.
     """
     model = load_model(config.model, load_external_data=False)
     check_ort_ops(model, source=repr(str(config.model)))  # before any run is made
+    text = plan_text(config, model) if config.tokenizer is not None else None
     if config.feeds is not None:
         feeds, source = load_feeds(config.feeds, model), str(config.feeds)
     else:
@@ -154,17 +196,67 @@ def plan(config: OwnModelConfig) -> Plan:
                          or ("changes only how a model decodes, which this study does not measure" if decode_only
                              else "not chosen (--attempts)"))
     info_source = detection.source if info is not None else (detection.reason or "not read")
-    return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run)
+    return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run,
+                text=text)
+
+
+def plan_text(config: OwnModelConfig, model: onnx.ModelProto) -> TextInputs:
+    """The real text the LM of `config.tokenizer` is judged on, once the model is known to take it: only the inputs
+    the text check feeds (`TEXT_INPUTS`), and ids inside its vocabulary where the graph says how large that is.
+
+    The timing feeds stay the study's (`--feeds`, or generated); no timing rows are cut from the text.
+
+    Raises:
+        ValueError: the model takes other inputs, or its first output is not [batch, seq, vocab]; the folder holds
+            no tokenizer; the text cannot be read or is too short (`text_inputs`); the tokenizer gives ids beyond
+            the model's vocabulary.
+    """
+    from tracker.gpt2.text import load_tokenizer, read_text, text_inputs
+
+    names = [spec.name for spec in input_specs(model)]
+    if "input_ids" not in names or not set(names) <= set(TEXT_INPUTS):
+        raise ValueError(f"--tokenizer scores the model on text, feeding only {' and '.join(TEXT_INPUTS)}; "
+                         f"{config.model} takes {', '.join(names) or 'no input'}")
+    if not model.graph.output:
+        raise ValueError(f"--tokenizer reads the model's first output as logits; {config.model} has no output")
+    logits = model.graph.output[0]
+    shape = logits.type.tensor_type.shape
+    if logits.type.tensor_type.HasField("shape") and len(shape.dim) != 3:
+        dims = [d.dim_value or d.dim_param or "?" for d in shape.dim]
+        raise ValueError(f"--tokenizer reads the model's first output as logits [batch, seq, vocab]; {config.model}'s "
+                         f"first output {logits.name!r} has shape {dims}")
+    tokenizer = load_tokenizer(str(config.tokenizer))
+    if tokenizer is None:
+        raise ValueError(f"no tokenizer in {config.tokenizer}: expected a folder written by save_pretrained "
+                         f"(tokenizer.json, or a vocabulary and its tokenizer_config.json)")
+    corpus = read_text(path=str(config.text) if config.text is not None else None)
+    # The lm study's sizes (`TextConfig`); no timing rows (seq_lens): the study times its own feeds.
+    text = text_inputs(corpus, tokenizer, chat=True, eval_chunks=8, eval_len=128, prompts=8, prompt_len=64,
+                       seq_lens=())
+    # The vocabulary, where the graph says: the logits' static last dim, the rows of the table the ids index.
+    widths = {f"logits {logits.name!r}": shape.dim[-1].dim_value} if shape.dim and shape.dim[-1].dim_value else {}
+    if "input_ids" in (tables := index_tables(model)):
+        widths[f"embedding {tables['input_ids'].table!r}"] = tables["input_ids"].rows
+    top = int(max(text.eval_ids.max(), text.prompt_ids.max()))
+    for where, width in widths.items():
+        if top >= width:
+            raise ValueError(f"the tokenizer in {config.tokenizer} gives ids up to {top} on the text, but "
+                             f"{config.model} has a vocabulary of {width} ({where}): is it this model's tokenizer?")
+    return text
 
 
 def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
-    """What `--dry-run` prints: the feeds, what was read of the model, and each entry with why it runs or not."""
+    """What `--dry-run` prints: the feeds, what was read of the model, what an LM is judged on, and each entry with
+    why it runs or not."""
     feeds = ", ".join(f"{k}: {v.dtype}{list(v.shape)}" for k, v in chosen.feeds.items())
     info = (f"{chosen.info.model_type or 'transformer'}, {chosen.info.num_heads} heads, hidden size "
             f"{chosen.info.hidden_size} (from the {chosen.info_source})" if chosen.info
             else f"no transformer info: {chosen.info_source}")
     lines = [f"study {config.study_name}: {config.model} (task {config.task})",
-             f"feeds ({chosen.feeds_source}): {feeds}", f"model: {info}", "attempts:", "  baseline: runs"]
+             f"feeds ({chosen.feeds_source}): {feeds}", f"model: {info}"]
+    if config.task == "lm":
+        lines.append(f"judged on: {_judged_on(config, chosen.text)}")
+    lines += ["attempts:", "  baseline: runs"]
     width = max(map(len, REGISTRY))
     for name, entry in REGISTRY.items():
         why = "runs" if name in chosen.run else f"does not run: {chosen.not_run[name]}"
@@ -178,14 +270,33 @@ def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
     return "\n".join(lines)
 
 
+def _judged_on(config: OwnModelConfig, text: TextInputs | None) -> str:
+    """What an LM is judged on, in one line of `format_plan`."""
+    if text is None:
+        return "the feeds' logits against the baseline's (same-function check only): add --tokenizer for real text"
+    bound = (f"perplexity +{config.max_ppl_increase:.1%} at most (--max-ppl-increase), each precision's other bounds"
+             if config.max_ppl_increase is not None else "each precision's bounds (lm_bounds.toml)")
+    chunks, length = text.eval_ids.shape
+    prompts, prompt_len = text.prompt_ids.shape
+    template = ", chat template" if text.chat_template else ""
+    return (f"real text, {text.origin} ({text.tokens} tokens): {chunks} x {length} held-out tokens, {prompts} prompts "
+            f"of {prompt_len} tokens{template}; {bound}")
+
+
 def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan | None = None) -> Study:
     """Logs the baseline and every planned entry as nested runs of one study run.
 
     An entry that raises is a FAILED run with the reason; the study goes on. A baseline that fails ends the study:
-    no attempt could be judged against it (`study_failure` says so).
+    no attempt could be judged against it (`study_failure` says so). With real text (`Plan.text`), an LM is judged by
+    its quality on the text within each precision's bound; its logits on the feeds are recorded, not bounded.
     """
     chosen = chosen or plan(config)
-    tolerances = task_tolerances(config.task)
+    tolerances: Mapping[str, TaskTolerance] = task_tolerances(config.task)
+    setup = None
+    if chosen.text is not None:
+        tolerances = LOGITS_RECORDED
+        setup = StudySetup(quality=TextCheck(TextSet(chosen.text.eval_ids, chosen.text.prompt_ids),
+                                             load_bounds(max_ppl_increase=config.max_ppl_increase)))
     params = {
         "model.file": Path(config.model).name,
         "task": config.task,
@@ -197,8 +308,12 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
                        "model.hidden_size": str(chosen.info.hidden_size), "model.info_source": chosen.info_source})
     if config.search:
         params["search.budget_s"] = "none" if config.budget_s is None else f"{config.budget_s:g}"
+    if chosen.text is not None:
+        params.update(chosen.text.params())
+    if config.task == "lm":
+        params["lm.check"] = CHECK_QUALITY if chosen.text is not None else CHECK_SAME_FUNCTION
     with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
-               params=params, cluster=config.cluster) as study:
+               params=params, setup=setup, cluster=config.cluster) as study:
         baseline = study.attempt("baseline", Path(config.model), session=config.session,
                                  tolerance=tolerances["fp32"], description=f"{Path(config.model).name} as given")
         if not baseline.ok:
