@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from tracker.base.errors import ModelError
 from tracker.base.model_io import check_model, load_model, model_bytes
@@ -161,3 +161,19 @@ def test_ort_simplified_layer_norm_in_onnx_domain_passes_and_the_rest_is_still_c
     check_model(_rms_norm_model())
     with pytest.raises(ModelError, match="nowhere"):  # its wiring is still checked
         check_model(_rms_norm_model(wired=False), source="broken")
+
+
+def test_ort_simplified_layer_norm_in_a_model_with_external_weights_is_checked_beside_them(tmp_path):
+    path = tmp_path / "rms.onnx"
+    model = _rms_norm_model()
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.ones(4, np.float32), "scale"))  # raw, to move out
+    onnx.save(model, str(path), save_as_external_data=True, location="rms.onnx.data", size_threshold=0)
+    check_model(path, source="rms")  # its weights found beside it, as a model of SmolLM2's size has them
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rms.onnx", "rms.onnx.data"]  # nothing left behind
+    (tmp_path / "rms.onnx.data").unlink()
+    with pytest.raises(ModelError, match="rms.onnx.data"):  # and the external data is still checked
+        check_model(path, source="rms")
+    # where the copy cannot be written beside the file: the graph is checked without its external weights
+    from tracker.base.model_io import _external_weights_as_inputs, _ort_domain_ops_as_contrib
+
+    onnx.checker.check_model(_external_weights_as_inputs(_ort_domain_ops_as_contrib(path)))

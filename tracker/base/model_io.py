@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import onnx
@@ -131,7 +132,18 @@ def check_model(model: onnx.ModelProto | str | Path, *, source: str = "model") -
     except onnx.checker.ValidationError as e:
         if not any(f"No Op registered for {op} " in str(e) for op in ORT_ONNX_DOMAIN_OPS):
             raise ModelError(f"{source} fails the ONNX checker: {e}") from e
-        check_model(_ort_domain_ops_as_contrib(model), source=source)
+        contrib = _ort_domain_ops_as_contrib(model)
+        if isinstance(model, onnx.ModelProto):
+            check_model(contrib, source=source)
+            return
+        # The checker finds external data relative to the model's file: the copy is checked from beside it (its
+        # graph only, the weights where they are); where that folder is read-only, without the external weights.
+        try:
+            with tempfile.NamedTemporaryFile(dir=Path(model).parent, prefix=".check-", suffix=".onnx") as beside:
+                onnx.save_model(contrib, beside.name)
+                check_model(Path(beside.name), source=source)
+        except OSError:
+            check_model(_external_weights_as_inputs(contrib), source=source)
 
 
 def _ort_domain_ops_as_contrib(model: onnx.ModelProto | str | Path) -> onnx.ModelProto:
@@ -147,6 +159,16 @@ def _ort_domain_ops_as_contrib(model: onnx.ModelProto | str | Path) -> onnx.Mode
     if not any(o.domain == _MS_DOMAIN for o in copy.opset_import):
         copy.opset_import.append(onnx.helper.make_opsetid(_MS_DOMAIN, 1))
     return copy
+
+
+def _external_weights_as_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` (changed in place) with each initializer whose data is external made a graph input of its type and
+    shape: the graph is checked without reading its weights."""
+    external = [t for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    for tensor in external:
+        model.graph.initializer.remove(tensor)
+        model.graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)))
+    return model
 
 
 def model_bytes(model: onnx.ModelProto) -> int:
