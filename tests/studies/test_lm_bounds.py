@@ -71,3 +71,17 @@ def test_the_bounds_pass_the_kept_int4_and_reject_a_broken_one_the_seeded_check_
     assert any("perplexity" in failure for failure in bad.failures)
     # The seeded model's check asks for top-1 agreement >= 0.5: the broken int4 keeps that on real text.
     assert bad.top1_agreement >= LOGITS_INT4.min_top1
+
+
+def test_int4_with_each_blocks_mean_error_added_back_is_the_q4_1_file_itself(smollm2, tmp_path):
+    """SmolLM2's weights are Q4_1 blocks of 32 (a float minimum each): int4 blocks with integer zero points and their
+    mean rounding error added back (`block_bias`) reproduce them, so with float compute the model is the baseline:
+    the known answer of the int4 weight path on real weights and real text (uncorrected: +24 % or more)."""
+    baseline, _, _, text = smollm2
+    exact = get_entry("int4_block32:symmetric=false:block_bias=true:accuracy_level=0:lm_head=fp32")(
+        baseline, tmp_path / "exact", Context())
+    check = TextCheck(text, load_bounds())
+    session = SessionConfig()
+    check.measure(baseline, session, precision="fp32", workdir=tmp_path / "b", reference=True)
+    quality = check.measure(exact.path, session, precision="int4", workdir=tmp_path / "e")
+    assert abs(quality.ppl_increase) < 0.005 and quality.top1_agreement > 0.97, quality

@@ -9,6 +9,8 @@ this the known-answer check of the int4 weight path on a model converted from GG
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -39,9 +41,13 @@ def quantize_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np
     scale[scale == 0] = 1.0  # a constant block: level 0 is its value
     levels = np.rint((by_block - low[..., None]) / scale[..., None])
     levels = np.clip(np.nan_to_num(levels, nan=0.0), 0, LEVELS).astype(np.uint8)
-    packed = (levels[..., 0::2] | (levels[..., 1::2] << 4)).astype(np.uint8)
     zero = -low / scale
-    return packed, scale.astype(np.float32).reshape(-1), zero.astype(np.float32).reshape(-1)
+    return pack_levels(levels), scale.astype(np.float32).reshape(-1), zero.astype(np.float32).reshape(-1)
+
+
+def pack_levels(levels: np.ndarray) -> np.ndarray:
+    """4-bit levels (uint8 0..15, an even count along the last axis) two to a byte, the first in the low nibble."""
+    return (levels[..., 0::2] | (levels[..., 1::2] << 4)).astype(np.uint8)
 
 
 def quantize_matmuls(model: onnx.ModelProto, *, block_size: int, accuracy_level: int,
@@ -49,13 +55,30 @@ def quantize_matmuls(model: onnx.ModelProto, *, block_size: int, accuracy_level:
     """Replaces, in place, each MatMul of the main graph whose second input is a 2-D float initializer (and whose name
     is not in `exclude`) with a `MatMulNBits` of int4 blocks with float zero points (`quantize_blocks`). A weight no
     other node reads is dropped. Returns how many were replaced."""
+    def blocks(node_name: str, weight: np.ndarray) -> tuple[list[np.ndarray], str]:
+        return list(quantize_blocks(weight, block_size)), "fzp"
+
+    return len(replace_matmuls(model, blocks, block_size=block_size, accuracy_level=accuracy_level, exclude=exclude))
+
+
+# What a quantizer gives `replace_matmuls` for a node's weight: MatMulNBits' inputs after the activation (quantized
+# weight, scales, zero points) and a tag for their names.
+Blocks = Callable[[str, np.ndarray], tuple[list[np.ndarray], str]]
+
+
+def replace_matmuls(model: onnx.ModelProto, blocks: Blocks, *, block_size: int, accuracy_level: int,
+                    exclude: tuple[str, ...] = ()) -> dict[str, str]:
+    """Replaces, in place, each MatMul of the main graph whose second input is a 2-D float initializer (and whose name
+    is not in `exclude`) with a 4-bit `MatMulNBits` whose weight inputs `blocks` makes. A weight no other node reads
+    is dropped. Returns the new node's name by the old one's."""
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
     readers: dict[str, int] = {}
     for node in graph.node:
         for name in node.input:
             readers[name] = readers.get(name, 0) + 1
-    replaced, dropped = 0, set()
+    replaced: dict[str, str] = {}
+    dropped = set()
     for index, node in enumerate(graph.node):
         weight = initializers.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if (weight is None or node.name in exclude or len(weight.dims) != 2
@@ -63,19 +86,17 @@ def quantize_matmuls(model: onnx.ModelProto, *, block_size: int, accuracy_level:
             continue
         values = numpy_helper.to_array(weight)
         k, n = values.shape
-        packed, scales, zeros = quantize_blocks(values, block_size)
-        stem = f"{node.input[1]}_fzp{block_size}"
-        graph.initializer.extend([numpy_helper.from_array(packed, f"{stem}_q"),
-                                  numpy_helper.from_array(scales, f"{stem}_scales"),
-                                  numpy_helper.from_array(zeros, f"{stem}_zeros")])
+        arrays, tag = blocks(node.name, values)
+        stem = f"{node.input[1]}_{tag}{block_size}"
+        names = [f"{stem}_{part}" for part in ("q", "scales", "zeros")][:len(arrays)]
+        graph.initializer.extend(numpy_helper.from_array(array, name) for array, name in zip(arrays, names))
+        replaced[node.name] = f"{node.name}_Q4"
         graph.node[index].CopyFrom(helper.make_node(
-            "MatMulNBits", [node.input[0], f"{stem}_q", f"{stem}_scales", f"{stem}_zeros"], list(node.output),
-            name=f"{node.name}_Q4", domain="com.microsoft", K=k, N=n, bits=4, block_size=block_size,
-            accuracy_level=accuracy_level))
+            "MatMulNBits", [node.input[0], *names], list(node.output), name=replaced[node.name],
+            domain="com.microsoft", K=k, N=n, bits=4, block_size=block_size, accuracy_level=accuracy_level))
         readers[weight.name] -= 1
         if readers[weight.name] == 0:
             dropped.add(weight.name)
-        replaced += 1
     if dropped:
         kept = [t for t in graph.initializer if t.name not in dropped]
         del graph.initializer[:]

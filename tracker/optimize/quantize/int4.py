@@ -15,6 +15,7 @@ from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, float_weights, has_matmul_weights
 from tracker.optimize.entry import Entry, EntryError, knob
 from tracker.optimize.model_files import prepare_output, save_proto
+from tracker.optimize.quantize.block_bias import add_corrections, quantize_matmuls_corrected
 from tracker.optimize.quantize.flatten import fold_flattening_reshapes
 from tracker.optimize.quantize.float_zero_points import quantize_matmuls
 from tracker.optimize.quantize.lm_head import lm_head_node, lm_head_params, products_of, untie_fused_products
@@ -56,7 +57,9 @@ class Int4(Entry):
     Knobs: `bits` (4; or 8, `int8_block32`: weight-only int8 in blocks), `block_size` (weights per scale),
     `accuracy_level` (4: int8 compute inside the kernel; 0: fp32), `symmetric` (no zero point), `float_zero_point`
     (the zero point a float, not a 4-bit integer; exact on weights that were on such a grid, but ONNX Runtime 1.32's
-    CPU kernel then dequantizes the whole weight each call: ~17x slower), `lm_head` (the logits' product: quantized
+    CPU kernel then dequantizes the whole weight each call: ~17x slower), `block_bias` (integer zero points, and each
+    block's mean rounding error added back by a float product K / 32 times smaller than the weight: `block_bias`;
+    exact on such weights at the integer kernel's speed), `lm_head` (the logits' product: quantized
     `same` as the rest, in `int8` blocks, or left in `fp32`), `int8_modules` (the products of these torch modules in
     int8 blocks), `exclude` (nodes of the pre-processed graph left in fp32).
     """
@@ -68,6 +71,8 @@ class Int4(Entry):
     symmetric: bool = knob(True, (False, True), short="sym")
     # A zero point per block as a float, not a 4-bit integer (`float_zero_points`): asymmetric blocks only.
     float_zero_point: bool = knob(False, (False, True), search=(False,), short="fzp")
+    # Each block's mean rounding error added back after the product (`block_bias`): asymmetric blocks only.
+    block_bias: bool = knob(False, (False, True), search=(False,), short="bias")
     # The logits' product: the largest single weight of a small LM, and often the one quantization costs most
     # (docs/methodology.md, "Quality bounds for language models").
     lm_head: str = knob("same", ("same", "int8", "fp32"), search=("same",), short="head")
@@ -91,6 +96,9 @@ class Int4(Entry):
         if self.symmetric and self.float_zero_point:
             raise ValueError(f"{self.name}: float_zero_point=true needs symmetric=false (a symmetric block has no "
                              "zero point)")
+        if self.block_bias and (self.symmetric or self.float_zero_point or self.bits != 4):
+            raise ValueError(f"{self.name}: block_bias=true needs 4 bits, symmetric=false and float_zero_point=false "
+                             "(it corrects the integer zero point's rounding)")
 
     def requires(self, model: onnx.ModelProto, context: Context) -> str | None:
         return has_matmul_weights(model, context)
@@ -121,8 +129,9 @@ class Int4(Entry):
         if self.int8_modules and not int8_nodes:
             raise EntryError(self.name, f"finds no product of the modules {', '.join(self.int8_modules)} in the graph "
                              "(their names come from a dynamo export's name scopes)")
-        quantized_model = self._quantize(wrapped.model, int8_nodes)
+        quantized_model, corrections = self._quantize(wrapped.model, int8_nodes)
         folded = fold_flattening_reshapes(quantized_model)
+        corrected = add_corrections(quantized_model, corrections, self.block_size)
         save_proto(quantized_model, target)
 
         nbits = [node for node in quantized_model.graph.node if node.op_type == "MatMulNBits"]
@@ -145,6 +154,9 @@ class Int4(Entry):
         if untied:
             notes.append(f"{untied} FusedMatMul with a transposed weight (a tied lm_head, fused) rewritten as MatMul on "
                          "an untied copy of the weight, so it is quantized too")
+        if corrected:
+            notes.append(f"{corrected} int4 products with each block's mean rounding error added back (x @ S) @ C, "
+                         "S summing each block's inputs")
         if self.exclude:
             notes.append(f"{len(self.exclude)} node(s) kept in fp32: {', '.join(self.exclude)}")
         if int8_nodes:
@@ -178,11 +190,15 @@ class Int4(Entry):
     def _zero_point_text(self) -> str:
         if self.symmetric:
             return "symmetric"
-        return "asymmetric, a float zero point per block" if self.float_zero_point else "asymmetric"
+        if self.float_zero_point:
+            return "asymmetric, a float zero point per block"
+        return "asymmetric, each block's mean error corrected" if self.block_bias else "asymmetric"
 
-    def _quantize(self, model: onnx.ModelProto, int8_nodes: list[str]) -> onnx.ModelProto:
-        """The MatMul weights of `model` in blocks: ORT's quantizer, or float zero points (`float_zero_points`); the
-        lm_head as `lm_head` says, and `int8_nodes` in int8 blocks."""
+    def _quantize(self, model: onnx.ModelProto, int8_nodes: list[str]) -> tuple[onnx.ModelProto, dict]:
+        """The MatMul weights of `model` in blocks: ORT's quantizer, float zero points (`float_zero_points`) or
+        integer ones with the blocks' mean errors (`block_bias`, returned by node for `add_corrections`); the lm_head
+        as `lm_head` says, and `int8_nodes` in int8 blocks."""
+        corrections = {}
         head = lm_head_node(model)
         exclude = list(self.exclude) + int8_nodes
         if self.lm_head != "same" and head is not None:
@@ -190,6 +206,9 @@ class Int4(Entry):
         if self.float_zero_point:
             quantize_matmuls(model, block_size=self.block_size, accuracy_level=self.accuracy_level,
                              exclude=tuple(exclude))
+        elif self.block_bias:
+            corrections = quantize_matmuls_corrected(model, block_size=self.block_size,
+                                                     accuracy_level=self.accuracy_level, exclude=tuple(exclude))
         else:
             model = _nbits(model, bits=self.bits, block_size=self.block_size, symmetric=self.symmetric,
                            accuracy_level=self.accuracy_level, exclude=exclude)
@@ -197,7 +216,7 @@ class Int4(Entry):
         if eights:
             model = _nbits(model, bits=8, block_size=self.block_size, symmetric=self.symmetric,
                            accuracy_level=self.accuracy_level, include=eights)
-        return model
+        return model, corrections
 
 
 def _nbits(model: onnx.ModelProto, *, bits: int, block_size: int, symmetric: bool, accuracy_level: int,
