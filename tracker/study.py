@@ -285,7 +285,7 @@ class Study:
                 Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
                 tolerance=tolerance, workdir=self._work / "search", config=config or SearchConfig(), info=info,
                 session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
-                prepared=self._prepared,
+                prepared=self._prepared, text=self.setup.quality,
                 optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
                                                                 tolerance=tolerance, tags=tags),
             )

@@ -109,6 +109,15 @@ def test_the_perplexity_bound_decides_on_the_increase(increase, passed):
     assert ("perplexity" in quality.params()["quality.failed"]) is not passed
 
 
+@pytest.mark.parametrize(("increase", "margin"), [(0.0, 1.0), (0.05, 0.5), (0.15, -0.5)])
+def test_the_margin_is_the_share_of_the_bounds_room_left_negative_exactly_when_it_fails(increase, margin):
+    base = scores([2.0, 2.2, 1.8], flat_logprobs(3, 4, 1), [[1, 2, 3]])
+    worse = scores([v + math.log1p(increase) for v in (2.0, 2.2, 1.8)], flat_logprobs(3, 4, 1), [[1, 2, 3]])
+    quality = compare_scores(base, worse, BOUND)
+    assert quality.margin == pytest.approx(margin)  # top-1 and greedy are the baseline's: perplexity decides
+    assert (quality.margin >= 0) is quality.passed
+
+
 def test_the_interval_of_the_increase_comes_from_the_chunks_and_holds_the_point_estimate():
     base = scores([2.0, 2.0, 2.0, 2.0], flat_logprobs(4, 2, 0), [[0]])
     attempt = scores([2.02, 2.10, 2.05, 2.07], flat_logprobs(4, 2, 0), [[0]])

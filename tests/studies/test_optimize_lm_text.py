@@ -5,11 +5,13 @@ tokenizer is a byte-level BPE trained on the same text."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
+import pandas as pd
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -110,6 +112,28 @@ def test_an_lm_with_its_tokenizer_is_judged_on_real_text_within_each_precisions_
     assert {"quality.ppl_increase", "quality.top1_agreement"} <= set(int8.metrics)
     # The logits on the generated feeds are recorded, not bounded: the text decides.
     assert (int8.params["diff.tolerance"], int8.params["diff.max_abs_bound"]) == ("int8", "inf")
+
+
+@pytest.mark.slow
+def test_a_search_judges_every_candidate_of_an_lm_on_real_text(tracking, tiny_lm, tokenizer_dir, capsys, tmp_path):
+    code = main(["optimize", str(tiny_lm), "--task", "lm", "--tokenizer", str(tokenizer_dir), "--search",
+                 "--attempts", "int8_dynamic,int4_block32", "--experiment", "own", *FAST])
+
+    assert code == 0, capsys.readouterr().err[-3000:]
+    runs = runs_of(tracking)
+    study = runs["tiny-lm"]
+    found = Path(tracking.download_artifacts(study.info.run_id, "report/search_candidates.json", str(tmp_path)))
+    logged = json.loads(found.read_text())
+    table = pd.DataFrame(logged["data"], columns=logged["columns"])
+    made = table[table["margin"].notna()]
+    assert len(made) >= 2, table[["name", "status", "reason"]]
+    # Each candidate judged by its precision's bound on the text: its perplexity increase recorded, and the margin
+    # the search ranks by negative exactly when a bound failed.
+    assert made["diff.quality.ppl_increase"].notna().all()
+    assert ((made["margin"] >= 0) == made["passed"].astype(bool)).all(), made[["name", "margin", "passed"]]
+    leaders = [r for r in runs.values() if r.data.tags.get("tracker.role") == "attempt"
+               and r.info.run_name != "baseline"]
+    assert all("quality.ppl_increase" in r.data.metrics for r in leaders)
 
 
 @pytest.mark.slow

@@ -14,7 +14,8 @@ from tracker.report.rows import AttemptRow
 from tracker.report.study import _CSS, _e, _frame_html
 
 # The task metric the Pareto chart plots, in the order looked for, and whether larger is better.
-TASK_METRICS = (("diff.cosine_min", True), ("diff.top1_agreement", True), ("diff.kl_divergence", False),
+# A language model judged on real text (`screen.check_text`) ranks by its perplexity increase.
+TASK_METRICS = (("diff.quality.ppl_increase", False), ("diff.cosine_min", True), ("diff.top1_agreement", True), ("diff.kl_divergence", False),
                 ("diff.scaled_error", False), ("diff.max_abs", False))
 CANDIDATE_COLUMNS = ("name", "family", "stage", "status", "reason", "precision", "passed", "margin", "speedup",
                      "speedup_ci_low", "speedup_ci_high", "speedup_source", "size_bytes", "fallback_of", "pipeline")

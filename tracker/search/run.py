@@ -27,11 +27,12 @@ from tracker.base.termination import reraise_if_received
 from tracker.base.vocabulary import Kind
 from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.attempt import Attempt
+from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
 from tracker.search.budget import Budget
 from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
-from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, check_accuracy, screen_speed
+from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text, screen_speed
 from tracker.search.sensitivity import Sensitivity, fallback
 from tracker.search.space import by_family, candidates, interleave
 
@@ -48,7 +49,7 @@ def run_search(
     source: Path, *, feeds: Mapping[str, np.ndarray], baseline: Attempt, baseline_outputs: Sequence[np.ndarray],
     tolerance: TaskTolerance | Mapping[str, TaskTolerance], optimize: Optimize, workdir: Path,
     config: SearchConfig = SearchConfig(), info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
-    full_attempt_s: float = 60.0, prepared: Path | None = None,
+    full_attempt_s: float = 60.0, prepared: Path | None = None, text: TextCheck | None = None,
 ) -> SearchResult:
     """Searches the registry's entries and knobs for the fastest candidate that passes the task's check.
 
@@ -63,11 +64,13 @@ def run_search(
         full_attempt_s: what a full attempt costs (the baseline's), to keep time for the last stage.
         prepared: where the pre-processed sources are kept (`Context.work`): the study's own, so that `optimize`
             finds the leaders' there too (default: under `workdir`).
+        text: a language model's check on real text (the study's, its baseline scored): every candidate, and every
+            retry of the sensitivity fallback, is judged by it instead of by `tolerance` on the feeds.
     """
     budget = Budget(config.budget_s)
     context = Context(info=info, feeds=feeds, work=prepared or workdir / "prepared")
     search = _Search(source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
-                     session, budget, full_attempt_s)
+                     session, budget, full_attempt_s, text)
     try:
         search.run()
     finally:
@@ -78,11 +81,11 @@ def run_search(
 
 class _Search:
     def __init__(self, source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
-                 session, budget, full_attempt_s) -> None:
+                 session, budget, full_attempt_s, text=None) -> None:
         self.source, self.feeds, self.baseline = Path(source), dict(feeds), baseline
         self.baseline_outputs, self.tolerance, self.optimize = list(baseline_outputs), tolerance, optimize
         self.workdir, self.config, self.context, self.session = Path(workdir), config, context, session
-        self.budget, self.full_attempt_s = budget, full_attempt_s
+        self.budget, self.full_attempt_s, self.text = budget, full_attempt_s, text
         self.rows: list[Row] = []
         self.by_name: dict[str, Row] = {}
         self.made: dict[str, tuple[Entry, Candidate]] = {}
@@ -135,8 +138,7 @@ class _Search:
         try:
             with self.budget.timing("make"):
                 candidate = entry(self.source, self.workdir / f"made-{entry.name}", self.context)
-                check = check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance,
-                                       session=self.session)
+                check = self._check(candidate)
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
             reraise_if_received(e)
             row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
@@ -152,6 +154,14 @@ class _Search:
         logger.info("search: %s %s its accuracy check (margin %.3f)", entry.name,
                     "passed" if check.passed else "failed", check.margin)
         return row
+
+    def _check(self, candidate: Candidate) -> AccuracyCheck:
+        """A made candidate judged as the study judges an attempt: on real text when it has some, else by the task's
+        tolerance on the feeds."""
+        if self.text is not None:
+            return check_text(candidate, self.text, session=self.session,
+                              workdir=self.workdir / "text" / Path(candidate.path).parent.name)
+        return check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance, session=self.session)
 
     def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen") -> None:
         entry, candidate = self.made[name]
@@ -200,8 +210,7 @@ class _Search:
                         "the accuracy", row.name, row.screen_speedup)
             with self.budget.timing("fallback"):
                 found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
-                                 lambda c: check_accuracy(c, self.feeds, self.baseline_outputs, self.tolerance,
-                                                          session=self.session),
+                                 self._check,
                                  out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
             self.sensitivities.append(found)
             if found.found is None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from tracker.measure.accuracy.task_diff import TaskTolerance, accuracy_margin, tolerance_for
 from tracker.measure.attempt import Attempt, time_against
+from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.runtimes.runtime import get_runtime
 from tracker.measure.timing.speedup import Speedup, SpeedupConfig
@@ -43,6 +44,15 @@ def check_accuracy(
     run = get_runtime(attempt.runtime).runner(attempt, None)
     diff = tolerance_for(tolerance, candidate.precision).compare(baseline_outputs, run(dict(feeds)))
     return AccuracyCheck(bool(diff.passed), float(accuracy_margin(diff)), dict(diff.metrics()))
+
+
+def check_text(candidate: Candidate, text: TextCheck, *, session: SessionConfig, workdir: Path) -> AccuracyCheck:
+    """Scores `candidate` on the study's real text (`TextCheck`, its baseline scored first) and judges it by the bound
+    of its precision: a language model's check, in place of its logits on the feeds."""
+    quality = text.measure(candidate.path, candidate.session_on(session), precision=candidate.precision,
+                           workdir=workdir)
+    metrics = quality.metrics(prefix="diff.quality.")
+    return AccuracyCheck(bool(quality.passed), quality.margin, metrics)
 
 
 def screen_speed(

@@ -123,9 +123,6 @@ class OwnModelConfig:
             return
         if self.max_ppl_increase is not None and not self.max_ppl_increase > 0:
             raise ValueError(f"--max-ppl-increase must be > 0 (0.05 is +5 %), got {self.max_ppl_increase}")
-        if self.search:
-            raise ValueError("--search with --tokenizer is not supported yet (the search screens candidates on the "
-                             "feeds' logits, not on the text): run one of them")
         if self.cluster:
             raise ValueError("--tokenizer is not supported on a cluster yet: run it without --cluster")
 

@@ -175,6 +175,25 @@ class TextQuality:
     def passed(self) -> bool | None:
         return None if self.bound is None else not self.failures
 
+    @property
+    def margin(self) -> float:
+        """How far inside its bound the attempt landed, as `task_diff.accuracy_margin` says it for a task's check: the
+        smallest share left of each figure's room (perplexity: the allowed increase; top-1 and greedy prefix: from
+        the bound to 1); 1 is the baseline itself, < 0 is outside. Ranks attempts; `passed` says whether it passed.
+
+        Raises:
+            ValueError: the attempt was not judged (no bound).
+        """
+        b = self.bound
+        if b is None:
+            raise ValueError("an attempt measured without a bound has no margin")
+        if not all(math.isfinite(v) for v in (self.perplexity, self.kl_divergence)):
+            return float("-inf")
+        shares = ((b.max_ppl_increase - self.ppl_increase) / max(b.max_ppl_increase, 1e-9),
+                  (self.top1_agreement - b.min_top1) / max(1.0 - b.min_top1, 1e-9),
+                  (self.greedy_prefix - b.min_greedy_prefix) / max(1.0 - b.min_greedy_prefix, 1e-9))
+        return float(min(shares))
+
     def metrics(self, prefix: str = "quality.") -> dict[str, float]:
         figures = {"perplexity": self.perplexity, "perplexity_baseline": self.baseline_perplexity,
                    "ppl_increase": self.ppl_increase, "ppl_increase_ci_low": self.ppl_increase_low,
