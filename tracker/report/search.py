@@ -102,7 +102,11 @@ def sensitivity_chart(sensitivity):
     import plotly.graph_objects as go
 
     rows = pd.DataFrame(sensitivity.rows)
-    fig = go.Figure(go.Bar(x=rows["nodes"].str.slice(0, 40), y=rows["margin"],
+    # A block per kind of projection is named by it (`self_attn.q_proj`); a block of nodes by its first nodes.
+    labels = rows["nodes"].str.slice(0, 40)
+    if "group" in rows:
+        labels = rows["group"].where(rows["group"].astype(bool), labels)
+    fig = go.Figure(go.Bar(x=labels, y=rows["margin"],
                            marker_color=["#1a9850" if p else "#878787" for p in rows["passed"]],
                            hovertemplate="%{x}<br>margin %{y:.3f}<extra></extra>"))
     fig.add_hline(y=0.0, line_dash="dash", line_color="#a50026")

@@ -210,7 +210,7 @@ class _Search:
                         "the accuracy", row.name, row.screen_speedup)
             with self.budget.timing("fallback"):
                 found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
-                                 self._check,
+                                 self._check, by_projection=self.text is not None,
                                  out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
             self.sensitivities.append(found)
             if found.found is None:

@@ -129,7 +129,12 @@ class Int4(Entry):
         if self.int8_modules and not int8_nodes:
             raise EntryError(self.name, f"finds no product of the modules {', '.join(self.int8_modules)} in the graph "
                              "(their names come from a dynamo export's name scopes)")
-        quantized_model, corrections = self._quantize(wrapped.model, int8_nodes)
+        # The rewrite names each Gemm's MatMul `<gemm>_MatMul`: what `exclude` and the module lookup name (nodes of the
+        # pre-processed graph, where the Gemms still are) is found under that name.
+        present = {node.name for node in wrapped.model.graph.node}
+        exclude = _renamed(self.exclude, present)
+        int8_nodes = _renamed(int8_nodes, present)
+        quantized_model, corrections = self._quantize(wrapped.model, int8_nodes, exclude)
         folded = fold_flattening_reshapes(quantized_model)
         corrected = add_corrections(quantized_model, corrections, self.block_size)
         save_proto(quantized_model, target)
@@ -194,13 +199,14 @@ class Int4(Entry):
             return "asymmetric, a float zero point per block"
         return "asymmetric, each block's mean error corrected" if self.block_bias else "asymmetric"
 
-    def _quantize(self, model: onnx.ModelProto, int8_nodes: list[str]) -> tuple[onnx.ModelProto, dict]:
+    def _quantize(self, model: onnx.ModelProto, int8_nodes: list[str],
+                  exclude_nodes: list[str]) -> tuple[onnx.ModelProto, dict]:
         """The MatMul weights of `model` in blocks: ORT's quantizer, float zero points (`float_zero_points`) or
         integer ones with the blocks' mean errors (`block_bias`, returned by node for `add_corrections`); the lm_head
-        as `lm_head` says, and `int8_nodes` in int8 blocks."""
+        as `lm_head` says, `int8_nodes` in int8 blocks and `exclude_nodes` left in fp32."""
         corrections = {}
         head = lm_head_node(model)
-        exclude = list(self.exclude) + int8_nodes
+        exclude = list(exclude_nodes) + int8_nodes
         if self.lm_head != "same" and head is not None:
             exclude.append(head.name)
         if self.float_zero_point:
@@ -217,6 +223,12 @@ class Int4(Entry):
             model = _nbits(model, bits=8, block_size=self.block_size, symmetric=self.symmetric,
                            accuracy_level=self.accuracy_level, include=eights)
         return model, corrections
+
+
+def _renamed(names: tuple[str, ...] | list[str], present: set[str]) -> list[str]:
+    """Each of `names` as the graph in which `present` are the node names calls it: a Gemm rewritten as MatMul + Add
+    is `<name>_MatMul` there (`ONNXModel.replace_gemm_with_matmul`)."""
+    return [name if name in present or f"{name}_MatMul" not in present else f"{name}_MatMul" for name in names]
 
 
 def _nbits(model: onnx.ModelProto, *, bits: int, block_size: int, symmetric: bool, accuracy_level: int,

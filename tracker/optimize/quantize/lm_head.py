@@ -113,13 +113,13 @@ def products_of(model: onnx.ModelProto, modules: tuple[str, ...]) -> list[str]:
         if node.op_type not in ("MatMul", "Gemm"):
             continue
         scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), "")
-        module = _innermost_module(scopes)
+        module = innermost_module(scopes)
         if module and any(module == m or module.endswith("." + m) for m in modules):
             found.append(node.name)
     return found
 
 
-def _innermost_module(scopes: str) -> str:
+def innermost_module(scopes: str) -> str:
     """The module path of a node from its name scopes' text: the last scope but the op's own (`linear_5`)."""
     names = [part.strip().strip("'\"") for part in scopes.strip("[]").split(",") if part.strip()]
     return names[-2] if len(names) >= 2 else ""
