@@ -30,7 +30,14 @@ def expand(entry: Entry, *, limit: int | None = None, knobs: Mapping[str, tuple]
     names = list(space)
     default = tuple(getattr(entry, n) for n in names)
     combos = sorted(itertools.product(*(space[n] for n in names)), key=lambda c: c != default)
-    found = [entry.variant(**dict(zip(names, combo))) for combo in combos]
+    found, refused = [], []
+    for combo in combos:
+        try:
+            found.append(entry.variant(**dict(zip(names, combo))))
+        except ValueError as e:  # a combination the entry refuses (block_bias with symmetric blocks) is no candidate
+            refused.append(e)
+    if refused and not found:
+        raise refused[0]
     return found[:limit] if limit is not None else found
 
 

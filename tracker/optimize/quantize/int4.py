@@ -72,7 +72,7 @@ class Int4(Entry):
     # A zero point per block as a float, not a 4-bit integer (`float_zero_points`): asymmetric blocks only.
     float_zero_point: bool = knob(False, (False, True), search=(False,), short="fzp")
     # Each block's mean rounding error added back after the product (`block_bias`): asymmetric blocks only.
-    block_bias: bool = knob(False, (False, True), search=(False,), short="bias")
+    block_bias: bool = knob(False, (False, True), short="bias")
     # The logits' product: the largest single weight of a small LM, and often the one quantization costs most
     # (docs/methodology.md, "Quality bounds for language models").
     lm_head: str = knob("same", ("same", "int8", "fp32"), search=("same",), short="head")
