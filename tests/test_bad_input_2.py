@@ -7,6 +7,7 @@ Each refusal is one line `error: ...`, exit 2, no traceback, before any run or w
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from pathlib import Path
 
@@ -71,6 +72,26 @@ def test_a_config_nested_too_deep_is_a_one_line_error_naming_the_file(store, lin
     code, _, err = run_cli(capsys, "optimize", str(linear), "--config", str(config), "--dim", "N=2", "--dry-run")
     assert_one_line_error(code, err, f"config_json must be a readable Hugging Face config.json, got {config}",
                           "nested too deeply")
+
+
+def test_a_config_that_is_a_fifo_or_a_device_is_refused_without_reading_it(store, linear, tmp_path, capsys):
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)  # opened, it would block the plan (--dry-run included) until a writer came
+    for config, mode in ((fifo, "prw"), (Path("/dev/zero"), "crw")):  # /dev/zero would be read until memory ran out
+        code, _, err = run_cli(capsys, "optimize", str(linear), "--config", str(config), "--dim", "N=2", "--dry-run")
+        assert_one_line_error(code, err, f"config_json must be a regular file (a Hugging Face config.json), got "
+                                         f"{config} ({mode}")
+    assert run_names(store) == []
+
+
+def test_a_config_larger_than_any_hugging_face_config_is_refused_with_its_size(store, linear, tmp_path, capsys):
+    from tracker.optimize.model_info import MAX_CONFIG_BYTES
+
+    config = tmp_path / "config.json"
+    config.write_text('{"model_type": "bert", "pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
+    code, _, err = run_cli(capsys, "optimize", str(linear), "--config", str(config), "--dim", "N=2", "--dry-run")
+    assert_one_line_error(code, err, f"config_json {config} has {config.stat().st_size} bytes",
+                          f"at most {MAX_CONFIG_BYTES} are read")
 
 
 @pytest.mark.parametrize("model_type", [["bert"], {"name": "bert"}, 3])

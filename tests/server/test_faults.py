@@ -41,7 +41,7 @@ def test_an_unreachable_server_fails_at_once_naming_the_uri_without_its_password
     assert not (tmp_path / "work").exists(), "the study measured something before checking the server"
 
     for error in (study_error.value, attempt_error.value):
-        assert f"http://alice:***@127.0.0.1:{port}" in str(error)
+        assert f"http://***@127.0.0.1:{port}" in str(error)  # the whole user info masked
         assert "refused" in str(error).lower()  # the real reason, not a failed lookup of "alice:...@127.0.0.1"
     captured = capsys.readouterr()
     shown = "\n".join([str(study_error.value), str(attempt_error.value), caplog.text, captured.out, captured.err])
