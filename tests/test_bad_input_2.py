@@ -79,8 +79,8 @@ def test_a_config_that_is_a_fifo_or_a_device_is_refused_without_reading_it(store
     os.mkfifo(fifo)  # opened, it would block the plan (--dry-run included) until a writer came
     for config, mode in ((fifo, "prw"), (Path("/dev/zero"), "crw")):  # /dev/zero would be read until memory ran out
         code, _, err = run_cli(capsys, "optimize", str(linear), "--config", str(config), "--dim", "N=2", "--dry-run")
-        assert_one_line_error(code, err, f"config_json must be a regular file (a Hugging Face config.json), got "
-                                         f"{config} ({mode}")
+        assert_one_line_error(code, err, f"config_json: {config} must be a regular file (a Hugging Face "
+                                         f"config.json), got {mode}")
     assert run_names(store) == []
 
 
@@ -90,8 +90,8 @@ def test_a_config_larger_than_any_hugging_face_config_is_refused_with_its_size(s
     config = tmp_path / "config.json"
     config.write_text('{"model_type": "bert", "pad": "' + "x" * MAX_CONFIG_BYTES + '"}')
     code, _, err = run_cli(capsys, "optimize", str(linear), "--config", str(config), "--dim", "N=2", "--dry-run")
-    assert_one_line_error(code, err, f"config_json {config} has {config.stat().st_size} bytes",
-                          f"at most {MAX_CONFIG_BYTES} are read")
+    assert_one_line_error(code, err, f"config_json: {config} has {config.stat().st_size} bytes, more than a Hugging "
+                                     f"Face config.json holds (at most {MAX_CONFIG_BYTES} are read)")
 
 
 @pytest.mark.parametrize("model_type", [["bert"], {"name": "bert"}, 3])
@@ -172,3 +172,40 @@ def test_summarize_prints_control_characters_of_node_names_escaped(tmp_path, cap
     assert not any(c in out for c in "\x1b\x07\r\x9b")
     lines = out.splitlines()
     assert len({len(line) for line in lines[1:]}) == 1  # the table stays aligned
+
+
+def test_a_negative_seed_is_a_one_line_error_naming_the_option(store, linear, capsys):
+    for command in ("profile", "optimize"):
+        code, _, err = run_cli(capsys, command, str(linear), "--dim", "N=2", "--seed", "-1")
+        assert_one_line_error(code, err, "the feeds' seed must be an integer >= 0", "got -1 (CLI: --seed)")
+    assert run_names(store) == []
+
+
+def test_a_models_own_static_zero_is_refused_like_a_dim_of_zero(store, tmp_path, capsys):
+    x = onnx.helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, [0, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [0, 4])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["features"], ["y"])], "g", [x], [y])
+    path = tmp_path / "empty.onnx"
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    for args in (["optimize", str(path), "--dry-run"], ["profile", str(path)]):
+        code, _, err = run_cli(capsys, *args)
+        assert_one_line_error(code, err, "input 'features' declares axis 0 of size 0", "expected a size of at least 1")
+    assert run_names(store) == []
+
+
+def test_a_chain_named_past_the_limit_is_refused_in_the_plan_before_the_baseline(store, tmp_path, capsys):
+    import numpy as np
+
+    # Y = X @ W with W a float initializer: int8_dynamic applies, so only the name can refuse the chain.
+    x = onnx.helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", 16])
+    y = onnx.helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", 16])
+    weight = onnx.numpy_helper.from_array(np.random.default_rng(0).random((16, 16), dtype=np.float32), "W")
+    graph = onnx.helper.make_graph([onnx.helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm")], "mm", [x], [y],
+                                   [weight])
+    path = tmp_path / "mm.onnx"
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    chain = "int8_dynamic:per_channel=true+" + "+".join(["ort_opt_disabled", "io_binding", "ort_threads_1"] * 3)
+    for extra in (["--dry-run"], QUICK_OPTIMIZE):
+        code, _, err = run_cli(capsys, "optimize", str(path), "--dim", "N=2", "--attempts", chain, *extra)
+        assert_one_line_error(code, err, f"attempt {chain!r} is named", "an attempt name is at most 100")
+    assert run_names(store) == []

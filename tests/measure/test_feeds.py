@@ -596,3 +596,29 @@ def test_tables_are_found_in_a_model_read_without_its_external_data(encoder, tmp
     bare = onnx.load(str(path), load_external_data=False)
     assert index_tables(bare) == index_tables(encoder)
     assert make_feeds(bare, dims={"sequence": 8})["input_ids"].max() < 99
+
+
+def _static_model(name: str, shape: list) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)
+    graph = helper.make_graph([helper.make_node("Relu", [name], ["y"])], "static", [x], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("shape", "size"), [([2, 0], 0), ([-3, 4], -3)])
+def test_a_static_size_of_zero_or_below_is_a_feed_error_naming_the_input(shape, size):
+    # a 0 gave empty feeds and empty outputs, which every accuracy check passed ("passed (max 0)")
+    with pytest.raises(FeedError, match=rf"input 'x' declares axis \d of size {size} \(shape \[{shape[0]}, "
+                                        rf"{shape[1]}\]\): expected a size of at least 1"):
+        make_feeds(_static_model("x", shape))
+
+
+def test_a_static_past_of_zero_is_a_decoders_first_step_and_stays_allowed():
+    feeds = make_feeds(_static_model("past_key_values.0.key", [1, 2, 0, 4]))
+    assert feeds["past_key_values.0.key"].shape == (1, 2, 0, 4)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_a_seed_that_numpy_cannot_take_is_a_feed_error_naming_the_option(model, seed):
+    with pytest.raises(FeedError, match=rf"the feeds' seed must be an integer >= 0 .*got {seed!r} \(CLI: --seed\)"):
+        make_feeds(model, seed=seed)

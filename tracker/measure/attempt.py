@@ -42,7 +42,8 @@ TRACE_LEVELS = (1, 2, 3, 4)
 
 
 # `+` joins the steps of a chain (`attention_fused+int8_dynamic`).
-_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
+MAX_ATTEMPT_NAME_LENGTH = 100
+_NAME = re.compile(rf"[A-Za-z0-9_][A-Za-z0-9_.+-]{{0,{MAX_ATTEMPT_NAME_LENGTH - 1}}}")
 
 
 def check_name(kind: str, name: str) -> None:

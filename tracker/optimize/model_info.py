@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import stat
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,12 +12,14 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
+from tracker.base.files import read_small_file
+
 logger = logging.getLogger(__name__)
+
+MAX_CONFIG_BYTES = 4 * 2**20  # a Hugging Face config.json is a few kB; anything near this is not one
 
 # Hugging Face `model_type` -> the `onnxruntime.transformers.optimizer` model type whose fusions fit it. Only
 # types whose graphs ORT's fusions were written for: an unknown type gets a reason, never a guess.
-# A Hugging Face config.json is a few kB; anything near this is not one.
-MAX_CONFIG_BYTES = 4 * 2**20
 ORT_MODEL_TYPES = {
     "bert": "bert",
     "roberta": "bert",
@@ -138,25 +138,6 @@ def detect(model: onnx.ModelProto, config_json: Path | None = None) -> Detection
     return from_config
 
 
-def _read_config_bytes(path: Path) -> bytes:
-    """The bytes of `path`, a regular file of at most `MAX_CONFIG_BYTES`: a FIFO or a device would block or read
-    for ever, so nothing else is opened.
-
-    Raises:
-        ValueError: `path` is not a regular file, or is larger than the bound.
-        OSError: it cannot be read.
-    """
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        raise ValueError(f"config_json must be a regular file (a Hugging Face config.json), got {path} "
-                         f"({stat.filemode(st.st_mode)})")
-    if st.st_size > MAX_CONFIG_BYTES:
-        raise ValueError(f"config_json {path} has {st.st_size} bytes; a Hugging Face config.json has a few "
-                         f"thousand (at most {MAX_CONFIG_BYTES} are read)")
-    with open(path, "rb") as f:
-        return f.read(MAX_CONFIG_BYTES + 1)
-
-
 def detect_from_config(config_json: Path) -> Detection:
     """Heads, hidden size and model type from a Hugging Face `config.json` (or the folder holding it).
 
@@ -167,9 +148,11 @@ def detect_from_config(config_json: Path) -> Detection:
     if path.is_dir():
         path = path / "config.json"
     try:
-        config = json.loads(_read_config_bytes(path).decode("utf-8"))
+        config = json.loads(read_small_file(path, max_bytes=MAX_CONFIG_BYTES, what="a Hugging Face config.json"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"config_json must be a readable Hugging Face config.json, got {path} ({e})") from e
+    except ValueError as e:  # not a regular file, or too large
+        raise ValueError(f"config_json: {e}") from e
     except RecursionError as e:  # json recurses once per level of nesting
         raise ValueError(f"config_json must be a readable Hugging Face config.json, got {path} (nested too deeply "
                          "for Python's JSON reader; a config.json is a flat object of settings)") from e

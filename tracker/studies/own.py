@@ -20,7 +20,7 @@ from tracker.gpt2.text import TextInputs
 from tracker.measure.accuracy.lm_diff import LOGITS_RECORDED
 from tracker.measure.accuracy.task_diff import TASKS, TaskTolerance, task_tolerances
 from tracker.measure.accuracy.text_quality import load_bounds
-from tracker.measure.attempt import AttemptResult, MeasureConfig
+from tracker.measure.attempt import MAX_ATTEMPT_NAME_LENGTH, AttemptResult, MeasureConfig, check_name
 from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.inputs.feed_files import load_feeds
 from tracker.measure.inputs.feeds import make_feeds
@@ -181,6 +181,8 @@ def plan(config: OwnModelConfig) -> Plan:
     refused = {n: why for n, why in refused.items() if why is not None}
     if refused:
         raise ValueError("; ".join(f"{n} does not apply to {config.model}: {why}" for n, why in refused.items()))
+    for n in config.attempts or ():  # checked when each attempt starts too: by then the baseline is logged
+        _check_attempt_name(n, get_entry(n).name)
     # Registered entries in registry order, then the variants and chains asked for, in the order given.
     run = tuple(n for n in REGISTRY if n in wanted and n not in config.skip and reasons[n] is None)
     run += tuple(n for n in config.attempts or () if n not in REGISTRY)
@@ -195,6 +197,18 @@ def plan(config: OwnModelConfig) -> Plan:
     info_source = detection.source if info is not None else (detection.reason or "not read")
     return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run,
                 text=text)
+
+
+def _check_attempt_name(asked: str, name: str) -> None:
+    """Refuses, in the plan, an attempt whose name (a chain's steps joined by `+`) no run could take.
+
+    Raises:
+        ValueError: naming what was asked, the name it gives and its length.
+    """
+    if len(name) > MAX_ATTEMPT_NAME_LENGTH:
+        raise ValueError(f"attempt {asked!r} is named {name!r}, {len(name)} characters: an attempt name is at most "
+                         f"{MAX_ATTEMPT_NAME_LENGTH} (it names the run and its work folder); chain fewer steps")
+    check_name("attempt", name)
 
 
 def plan_text(config: OwnModelConfig, model: onnx.ModelProto) -> TextInputs:

@@ -117,11 +117,15 @@ def make_feeds(
     Raises:
         FeedError: naming the input and what was expected, when an input is not a tensor or of a dtype that
             cannot be generated, a symbolic dim has no size and no default, `dims` names an unknown dim or a
-            negative size, an input indexes a table of 0 rows or one too small for its name rule, or the feeds
-            would take more than `max_bytes` (checked before anything is allocated).
+            negative size, the model declares a negative static size or (but for a past) a 0, `seed` is negative,
+            an input indexes a table of 0 rows or one too small for its name rule, or the feeds would take more
+            than `max_bytes` (checked before anything is allocated).
     """
     if int_high < 1:
         raise ValueError(f"int_high must be >= 1, got {int_high}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise FeedError(f"the feeds' seed must be an integer >= 0 (numpy's generator takes no other), got {seed!r} "
+                        "(CLI: --seed)")
     specs = input_specs(model)
     sizes = symbolic_dims(model, dims=dims)
     shapes = [_shape(spec, sizes) for spec in specs]
@@ -169,7 +173,13 @@ def _highest(dtype: np.dtype, high: int) -> int:
 
 def _shape(spec: InputSpec, sizes: Mapping[str, int | None]) -> tuple[int, ...]:
     shape = []
-    for d in spec.dims:
+    for axis, d in enumerate(spec.dims):
+        if isinstance(d, int) and (d < 0 or (d == 0 and "past" not in spec.name.lower())):
+            # An empty feed gives empty outputs, which every check passes (as --dim N=0, refused for that reason);
+            # an empty past is a decoder's first step.
+            raise FeedError(f"input {spec.name!r} declares axis {axis} of size {d} (shape {list(spec.dims)}): "
+                            "expected a size of at least 1 (0 only for a past length), as the model would be timed and "
+                            "judged on empty feeds; fix the model's input shape, or pass feeds")
         size = sizes[d] if isinstance(d, str) else d
         if size is None:
             raise FeedError(
