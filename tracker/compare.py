@@ -145,7 +145,7 @@ def row_from_run(run: FetchedRun) -> AttemptRow:
 
     return row_from_content(run.tags.get(TAG_ATTEMPT, run.name), metrics=run.metrics, tags=run.tags,
                             runtime=run.tags.get(TAG_RUNTIME), run_status=run.status, run_id=run.run_id,
-                            tables=run.tables)
+                            tables=run.tables, unreadable=run.unreadable)
 
 
 def check_required(rows: Sequence[AttemptRow], names: Sequence[str]) -> list[Requirement]:
@@ -188,6 +188,10 @@ def format_table(comparison: Comparison) -> str:
             f"[{_fmt(r.speedup_ci_low, '.3f')}, {_fmt(r.speedup_ci_high, '.3f')}]")
         detects = "-" if r.speedup_mde is None or r.verdict == Verdict.BASELINE else f"\u00b1{r.speedup_mde:.1%}"
         status = f"failed: {(r.error or '')[:100]}" if r.failed else r.status
+        if r.unreadable:
+            status += f" (unreadable: {r.unreadable})"
+            notes.append(f"note: {label}: unreadable ({r.unreadable}); its other figures are as logged, its "
+                         "per-op tables are left out of the report")
         if r.disturbed and not r.failed:
             status += f" (disturbed: {r.disturbed})"
             notes.append(f"note: {label}: other processes used the CPU while its {r.disturbed} was measured; "

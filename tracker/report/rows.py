@@ -53,10 +53,11 @@ GREEDY_PREFIX = "greedy_prefix"  # ... and the share of greedy tokens matching t
 SIZE_BYTES = "size_bytes"
 NODE_COUNT = "node_count"
 ERROR = "error"
+UNREADABLE = "unreadable"  # "FILE: reason" for each table of the run that could not be read back
 RUN_ID = "run_id"
 ATTEMPT_COLUMNS = (ATTEMPT, RUNTIME, STATUS, VERDICT, BEST, P50_MS, SPEEDUP, SPEEDUP_CI_LOW, SPEEDUP_CI_HIGH,
                    SPEEDUP_MDE, SPEEDUP_VS_BASELINE, DISTURBED, DIFF_PASSED, DIFF_MAX_ABS, TOP1, COSINE, PPL_INCREASE,
-                   GREEDY_PREFIX, SIZE_BYTES, NODE_COUNT, ERROR, RUN_ID)
+                   GREEDY_PREFIX, SIZE_BYTES, NODE_COUNT, ERROR, UNREADABLE, RUN_ID)
 # Where each attempt ran on a cluster: columns the table has after ATTEMPT only when its rows hold several node
 # types (`several_node_types`); a local study, or a cluster of one node type, has the columns above alone.
 NODE_TYPE = "node_type"  # the `tracker.node_type` tag
@@ -106,6 +107,7 @@ class AttemptRow:
     node_baseline: bool = False
     ops_by_op: pd.DataFrame | None = field(default=None, repr=False, compare=False)
     graph_diff: pd.DataFrame | None = field(default=None, repr=False, compare=False)
+    unreadable: str | None = None  # "FILE: reason; ..." for each table of the run that could not be read back
     phases: Mapping[Phase, ScenarioFigures] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -122,9 +124,11 @@ def row_from_content(
     run_status: str = RunStatus.FINISHED,
     run_id: str | None = None,
     tables: Mapping[str, pd.DataFrame] | None = None,
+    unreadable: Sequence[str] = (),
 ) -> AttemptRow:
     """The row of an attempt from what its run holds: its metrics and tags (read through `tracker.measure.schema`),
-    the run's status, and its per-op tables (`ops_by_op`, `graph_diff`) where it has them. The one function
+    the run's status, and its per-op tables (`ops_by_op`, `graph_diff`) where it has them (`unreadable`: those that
+    could not be read back, each "FILE: reason"). The one function
     behind live rows and rows read back from MLflow."""
     crashed = run_status != RunStatus.FINISHED or tags.get(TAG_STATUS) == Status.FAILED
     forward = scenario_figures(metrics, Scope(Phase.FORWARD))
@@ -160,6 +164,7 @@ def row_from_content(
         node_baseline=tags.get(TAG_ROLE) == ROLE_NODE_BASELINE,
         ops_by_op=tables.get("ops_by_op"),
         graph_diff=tables.get("graph_diff"),
+        unreadable="; ".join(unreadable) or None,
         phases=schema.read_phases(metrics) if not crashed else {},
     )
 

@@ -18,8 +18,12 @@ import pandas as pd
 from tracker.base.errors import TrackerError
 from tracker.base.keys import ROLE_ATTEMPT, ROLE_STUDY, TAG_ROLE, TAG_STUDY, TAG_SUPERSEDED_BY
 from tracker.base.redaction import redact_uri
+from tracker.measure.graph_stats import DELTA
+from tracker.profile import columns as C
 
 ATTEMPT_TABLES = ("ops_by_op", "graph_diff")  # per-attempt tables the study report shows
+# The columns the report reads from each (True: numeric); a table without them is unreadable, not a crash.
+TABLE_COLUMNS = {"ops_by_op": {C.KEY: False, C.US_PER_RUN: True}, "graph_diff": {C.OP_TYPE: False, DELTA: True}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +36,8 @@ class FetchedRun:
         start_time_ms: when the run started.
         metrics, tags: the run's latest metric values and its tags.
         tables: the run's `tables/<name>.json` tables among those asked for, by name.
+        unreadable: "FILE: reason" for each of those that could not be read (damaged, of other columns, or gone
+            while read): the run's other figures stand, the report goes without that table.
     """
 
     run_id: str
@@ -42,6 +48,7 @@ class FetchedRun:
     metrics: dict[str, float]
     tags: dict[str, str]
     tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict, repr=False)
+    unreadable: tuple[str, ...] = ()
 
 
 def find_study_run(experiment: str, study: str) -> str:
@@ -107,27 +114,58 @@ def fetch_study_runs(
 
 
 def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
-    found = {}
+    found, unreadable = {}, []
     if tables:
-        present = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "tables")}
+        try:
+            present = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "tables")}
+        except (mlflow.exceptions.MlflowException, OSError) as e:
+            present = set()
+            unreadable.append(f"tables/: {_one_line(e)}")
         wanted = [name for name in tables if f"{name}.json" in present]
         if wanted:
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="tracker-fetch-") as tmp, _no_progress_bar():
                 for name in wanted:
-                    path = client.download_artifacts(run.info.run_id, f"tables/{name}.json", tmp)
-                    found[name] = _read_table(Path(path))
+                    try:
+                        path = client.download_artifacts(run.info.run_id, f"tables/{name}.json", tmp)
+                        found[name] = _read_table(Path(path), TABLE_COLUMNS.get(name, {}))
+                    except (mlflow.exceptions.MlflowException, OSError, ValueError, RecursionError) as e:
+                        unreadable.append(f"tables/{name}.json: {_one_line(e)}")
     return FetchedRun(run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
                       experiment_id=run.info.experiment_id, status=run.info.status,
                       start_time_ms=int(run.info.start_time or 0), metrics=dict(run.data.metrics),
-                      tags=dict(run.data.tags), tables=found)
+                      tags=dict(run.data.tags), tables=found, unreadable=tuple(unreadable))
 
 
-def _read_table(path: Path) -> pd.DataFrame:
-    # log_table's JSON is pandas "split" orient; read it by hand so keys like "12" stay strings
+def _read_table(path: Path, columns: dict[str, bool]) -> pd.DataFrame:
+    """A `log_table` JSON (pandas "split" orient: `columns`, `data` rows), read by hand so that keys like "12" stay
+    strings, holding `columns` (each True when it must be numeric).
+
+    Raises:
+        ValueError: the file is not such a table (saying what is wrong), or lacks a column.
+    """
     content = json.loads(path.read_text(encoding="utf-8"))
-    return pd.DataFrame(content["data"], columns=content["columns"])
+    if not isinstance(content, dict) or not isinstance(content.get("columns"), list) \
+            or not isinstance(content.get("data"), list):
+        keys = f" with keys {sorted(map(str, content))[:5]}" if isinstance(content, dict) else ""
+        raise ValueError(f"not a table: expected a JSON object with lists 'columns' and 'data', got "
+                         f"{type(content).__name__}{keys}")
+    names = content["columns"]
+    if not all(isinstance(row, list) and len(row) == len(names) for row in content["data"]):
+        raise ValueError(f"not a table: every row of 'data' must be a list of {len(names)} values")
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise ValueError(f"no column {', '.join(missing)} (it has {', '.join(map(str, names[:8])) or 'none'})")
+    frame = pd.DataFrame(content["data"], columns=names)
+    for column in (c for c, numeric in columns.items() if numeric):
+        pd.to_numeric(frame[column], errors="raise")  # ValueError naming the value
+    return frame
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 160 else f"{text[:157]}..."
 
 
 @contextlib.contextmanager
