@@ -153,8 +153,12 @@ def _upload_record(folder: Path, record: AttemptRecord) -> tuple[str, dict[str, 
     from tracker.store import kept_runs
 
     marker = _read_marker(folder)
-    if marker is not None:
-        if marker.get("done") and kept_runs.kept_run_status(marker["run_id"]) is not None:
+    mine = kept_runs.made_from(marker["run_id"], record, source=folder) if marker is not None else None
+    if marker is not None and mine is False:
+        logger.warning("%s: its upload note names run %s, which was not made from this record (its tags differ): "
+                       "that run is left as it is, and the record gets a run of its own", folder, marker["run_id"])
+    elif marker is not None and mine:
+        if marker.get("done"):
             shutil.rmtree(folder)  # logged whole by a try cut off before it could remove the record
             return marker["run_id"], {}
         kept_runs.discard_kept_run(marker["run_id"])  # a run cut off halfway

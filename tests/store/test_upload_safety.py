@@ -220,3 +220,41 @@ def test_a_study_cut_off_by_an_outage_gets_its_summary_and_report_and_keeps_its_
     assert main(["compare", "--study-run", parent_id]) == 0
     rows = capsys.readouterr().out.splitlines()[2:5]  # after the title and the column names
     assert [row.lstrip("* ").split()[0] for row in rows] == ["baseline", "zz_second", "aa_third"]
+
+
+def _foreign_run(uri: str) -> str:
+    """A run of the user's own, in the default experiment: nothing an upload made."""
+    run = MlflowClient(uri).create_run("0", run_name="the users own", tags={"owner": "someone else"})
+    return run.info.run_id
+
+
+@pytest.mark.parametrize("done", [False, True], ids=["note says not done", "note says done"])
+def test_an_upload_note_naming_a_run_of_another_leaves_that_run_alone_and_uploads_the_record(
+        store, outbox, done, caplog):
+    foreign = _foreign_run(store)
+    bad = outbox / "kept-no-parent" / "bad"
+    (bad / ".upload.json").write_text(json.dumps({"run_id": foreign, "done": done}))
+
+    assert main(["upload", str(outbox)]) == 0
+    client = MlflowClient(store)
+    run = client.get_run(foreign)
+    assert run.info.lifecycle_stage == "active" and run.info.status == "RUNNING"  # not deleted, not ended
+    assert "tracker.superseded_by" not in run.data.tags
+    names = sorted(r.info.run_name for r in client.search_runs(["0"]))
+    assert names == ["bad", "good", "the users own"], "the record got a run of its own"
+    assert find_records(outbox) == []
+    assert f"names run {foreign}, which was not made from this record" in caplog.text
+
+
+def test_a_record_naming_another_run_as_its_first_does_not_fail_or_supersede_it(store, tmp_path, caplog):
+    foreign = _foreign_run(store)
+    work = tmp_path / "work"
+    work.mkdir()
+    record = AttemptRecord("lone", None, "onnxruntime", metrics={"latency.p50_ms": 1.0}, artifact_dir=None,
+                           files={}, model_path=None, model_flavor=False, run_id=foreign)
+    save_record(record, tmp_path / "outbox")
+
+    assert main(["upload", str(tmp_path / "outbox")]) == 0
+    run = MlflowClient(store).get_run(foreign)
+    assert run.info.status == "RUNNING" and "tracker.superseded_by" not in run.data.tags
+    assert f"names run {foreign} as its first run, but that run is another's" in caplog.text

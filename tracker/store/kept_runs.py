@@ -6,6 +6,7 @@ Logging a record on a run is `tracker.store.write.log_record`'s, the same as whe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +28,8 @@ from tracker.base.termination import defers_sigterm
 from tracker.run.record import AttemptRecord
 from tracker.store import faults
 from tracker.store.write import end_run_quietly, log_record, log_study_report, log_study_summary
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from tracker.report.study import StudyReport
@@ -76,10 +79,40 @@ def fill_kept_run(run_id: str, record: AttemptRecord) -> dict[str, str]:
         raise
     mlflow.end_run(status=record.status)
     client = mlflow.MlflowClient()
-    if record.run_id and record.run_id != run_id and _run_exists(client, record.run_id):
-        client.set_tag(record.run_id, TAG_SUPERSEDED_BY, run_id)
-        client.set_terminated(record.run_id, status="FAILED")
+    if record.run_id and record.run_id != run_id:
+        mine = made_from(record.run_id, record)
+        if mine:
+            client.set_tag(record.run_id, TAG_SUPERSEDED_BY, run_id)
+            client.set_terminated(record.run_id, status="FAILED")
+        elif mine is False:
+            logger.warning("record of attempt %s names run %s as its first run, but that run is another's (its "
+                           "attempt, study or parent differ): left as it is", record.attempt, record.run_id)
     return left_out
+
+
+def made_from(run_id: str, record: AttemptRecord, *, source: Path | None = None) -> bool | None:
+    """Whether the run `run_id` was made for `record`: its attempt and study tags and its parent are the record's,
+    and, given `source`, it was uploaded from that folder (`tracker.uploaded_from`). None when the run is gone or
+    deleted. An upload changes or deletes only a run of its own record: a note naming any other is not trusted.
+    """
+    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+    try:
+        run = mlflow.MlflowClient().get_run(run_id)
+    except mlflow.exceptions.MlflowException as e:
+        if faults.is_outage(e):
+            raise
+        return None
+    if run.info.lifecycle_stage == "deleted":
+        return None
+    tags = run.data.tags
+    parent = tags.get(MLFLOW_PARENT_RUN_ID)
+    if source is not None and tags.get(TAG_UPLOADED_FROM) != str(source):
+        return False
+    if TAG_ROLE not in tags:  # started, then the store failed before its tags were set: its name and parent tell
+        return run.info.run_name == record.attempt and parent == record.parent_run_id
+    return (tags.get(TAG_ROLE) == ROLE_ATTEMPT and tags.get(TAG_ATTEMPT) == record.attempt
+            and tags.get(TAG_STUDY) == record.study and parent in (record.parent_run_id, None))
 
 
 def kept_run_status(run_id: str) -> str | None:
