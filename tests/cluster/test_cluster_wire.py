@@ -4,6 +4,7 @@ too), a measured attempt's record and files back in the outbox's format, unchang
 from __future__ import annotations
 
 import io
+import re
 import tarfile
 from pathlib import Path
 
@@ -85,3 +86,33 @@ def test_a_packed_record_naming_a_file_outside_its_folder_is_refused(tmp_path, m
 def _tree(folder: str) -> list[tuple[str, bytes]]:
     """Every file under `folder`: its path there and its bytes."""
     return sorted((str(p.relative_to(folder)), p.read_bytes()) for p in Path(folder).rglob("*") if p.is_file())
+
+
+def _tar_of(members: dict[str, bytes], *, symlink: tuple[str, str] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        if symlink:
+            info = tarfile.TarInfo(symlink[0])
+            info.type, info.linkname = tarfile.SYMTYPE, symlink[1]
+            tar.addfile(info)
+    return buffer.getvalue()
+
+
+SPOILED = {
+    "not an archive": (b"\x00garbage" * 100, "is not a readable archive (ReadError"),
+    "cut short": (_tar_of({"record.json": b"{}" * 4000})[:3000], "is not a readable archive"),
+    "a link out": (_tar_of({}, symlink=("record.json", "/etc/passwd")), "is not a readable archive"),
+    "nested too deep": (_tar_of({"record.json": b"[" * 200_000 + b"]" * 200_000}), "nested too deeply"),
+    "no record": (_tar_of({"other.txt": b"x"}), "cannot be read"),
+}
+
+
+@pytest.mark.parametrize("spoiled", list(SPOILED))
+def test_a_damaged_record_from_a_node_raises_only_record_error(tmp_path, spoiled):
+    data, message = SPOILED[spoiled]
+    with pytest.raises(RecordError, match=re.escape(message)):
+        unpack_record(data, tmp_path / "driver")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -70,6 +71,11 @@ def _drop(*keys: str) -> Spoil:
 
 def _write(text: str) -> Spoil:
     return lambda folder, outside: (folder / RECORD_FILE).write_text(text)
+
+
+def _fifo(folder: Path, outside: Path) -> None:
+    (folder / RECORD_FILE).unlink()
+    os.mkfifo(folder / RECORD_FILE)
 
 
 def _link(relative: str, target: str) -> Spoil:
@@ -144,6 +150,9 @@ MALFORMED = {
     "missing keys": (_drop("attempt", "runtime"), ["Object missing required field `attempt`"]),
     "wrong types": (_set(metrics={"latency.p50_ms": "fast"}), ["Expected `float`, got `str` - at `$.metrics[...]`"]),
     "unknown status": (_set(status="DONE"), ["Invalid enum value 'DONE' - at `$.status`"]),
+    # third probe: a RecursionError traceback stopped every upload; a FIFO hung it, holding its lock
+    "nested too deep": (_write("[" * 200_000 + "]" * 200_000), ["nested too deeply for Python's JSON reader"]),
+    "a FIFO": (_fifo, ["cannot be read", "must be a regular file (a record), got prw"]),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from tracker.base.errors import RecordError
 from tracker.base.keys import ROLE_NODE_BASELINE, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
 from tracker.base.steps import StepTimes
 from tracker.base.termination import Terminated
@@ -330,7 +331,11 @@ class Fanout:
         assert self._work is not None  # made when the nodes started
         folder = self._work / f"{task.job.seq}-{node.info.node_id[:12]}"
         try:
-            record = unpack_record(returned.record, folder)
+            try:
+                record = unpack_record(returned.record, folder)
+            except RecordError as e:  # the node's record is damaged: this attempt fails, the study goes on
+                self._log_failed(task, f"its node returned a record that cannot be read: {e}", node=node.info)
+                return
             self.steps.add(StepTimes(dict(returned.steps)))
             if task.job.baseline and record.status == RunStatus.FINISHED:
                 node.runtimes.add(task.job.attempt.runtime)

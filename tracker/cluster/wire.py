@@ -6,11 +6,13 @@ from __future__ import annotations
 import io
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import onnx
 
+from tracker.base.errors import RecordError
 from tracker.base.model_io import load_model
 from tracker.measure.attempt import Attempt
 from tracker.run.record import AttemptRecord, load_record, save_record
@@ -83,10 +85,15 @@ def unpack_record(data: bytes, folder: Path) -> AttemptRecord:
     """The record `pack_record` packed, unpacked into `folder` (new or empty), its paths made absolute.
 
     Raises:
-        RecordError: the record is malformed or names a file outside `folder` (`load_record`'s checks).
+        RecordError: the archive cannot be unpacked (a damaged or refused member), or the record is malformed or names
+            a file outside `folder` (`load_record`'s checks): nothing else.
     """
     folder.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-        tar.extractall(folder, filter="data")  # no links out, no absolute paths, no devices
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            tar.extractall(folder, filter="data")  # no links out, no absolute paths, no devices
+    except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as e:
+        raise RecordError(f"the record a node returned is not a readable archive ({type(e).__name__}: "
+                          f"{' '.join(str(e).split())[:200]})") from None
     return load_record(folder)
 

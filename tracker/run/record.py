@@ -14,6 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from tracker.base.errors import ModelError, RecordError, TrackerError
+from tracker.base.files import read_small_file
 from tracker.base.vocabulary import RunStatus
 from tracker.measure.inputs.feeds_description import FeedsDescription, FeedSpec
 
@@ -218,6 +219,8 @@ def _copy_external_data(model: Path, target_dir: Path) -> None:
 
 
 _ONLY = "upload reads only regular files inside the record's folder, never through a symbolic link"
+# A record holds names, metrics, params and a traceback: far less than this.
+MAX_RECORD_BYTES = 64 * 2**20
 
 
 class _Refused(Exception):
@@ -229,11 +232,15 @@ def _read_json(path: Path, what: str) -> object:
         if link.is_symlink():
             raise RecordError(f"{what} {path}: {link} is a symbolic link (to {os.readlink(link)}); {_ONLY}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as e:
-        raise RecordError(f"{what} {path}: cannot be read ({e})") from None
+        # a regular file only (a FIFO would block the upload, holding its lock), of a bounded size
+        return json.loads(read_small_file(path, max_bytes=MAX_RECORD_BYTES, what=f"a {what}").decode("utf-8"))
     except json.JSONDecodeError as e:
         raise RecordError(f"{what} {path}: not valid JSON ({e})") from None
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not a regular file, too large
+        raise RecordError(f"{what} {path}: cannot be read ({e})") from None
+    except RecursionError:  # json recurses once per level of nesting
+        raise RecordError(f"{what} {path}: nested too deeply for Python's JSON reader (a {what} is a few levels "
+                          "deep)") from None
 
 
 def _convert(data: object, cls: type[_S], what: str) -> _S:
