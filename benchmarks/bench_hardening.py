@@ -5,7 +5,7 @@ Each file is parsed in a fresh interpreter (so its peak RSS is its own) by which
 with PYTHONPATH pointing at another checkout to measure that one. Prints figures only; asserts nothing.
 
 `--probe [--only ITEMS]` runs the cases of `probe_logging.py`, `probe_server.py`, `probe_inputs.py` and
-`probe_outputs.py` (items 1-14 of issue 22), each in an empty folder, from outside (`python -m tracker ...`), and
+`probe_outputs.py` (items 1-14 of issue 22) and `probe_third.py` (issue 35's, items "r3.N"), each in an empty folder, from outside (`python -m tracker ...`), and
 prints per case whether it held, with what the user saw. `PYTHONPATH=/path/to/older/checkout` probes that one.
 """
 
@@ -99,10 +99,11 @@ def probe(*, only: set[str], folder: Path | None) -> int:
 
     import tracker
 
-    cases = [case for module in ("probe_logging", "probe_server", "probe_inputs", "probe_outputs")
+    cases = [case for module in ("probe_logging", "probe_server", "probe_inputs", "probe_outputs", "probe_third")
              for case in importlib.import_module(module).CASES if not only or case[0] in only]
-    cases.sort(key=lambda case: int(case[0]))
-    print(f"issue 22 probe of {Path(tracker.__file__).parent}: {len(cases)} cases")
+    # issue 22's items ("1" to "14"), then the third probe's (issue 35: "r3.2" ...)
+    cases.sort(key=lambda case: (case[0].startswith("r3."), int(case[0].removeprefix("r3."))))
+    print(f"issue 22 and issue 35 probes of {Path(tracker.__file__).parent}: {len(cases)} cases")
     held_count = 0
     for item, name, case in cases:
         start = time.perf_counter()

@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 
 from tracker.base.errors import TrackerError
+from tracker.base.files import working_folder
 from tracker.base.redaction import redact
-from tracker.base.terminal import printable
+from tracker.base.terminal import printable, setup_logging
 from tracker.base.termination import EXIT_CODE, received, sigterm_as_exit
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if getattr(args, "progress", True):
-        logging.getLogger("tracker").setLevel(logging.INFO)
+    setup_logging(progress=getattr(args, "progress", True))
     try:
+        working_folder()  # one line, not a traceback from the first os.getcwd, when it was removed
         with sigterm_as_exit():  # `timeout`, a CI cancel: runs end FAILED, exit 143
             return args.func(args)
     except (TrackerError, ValueError, ConnectionError) as e:

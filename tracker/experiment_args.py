@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -135,9 +134,10 @@ def session_config(args: argparse.Namespace) -> SessionConfig:
 
 
 def setup_logging() -> None:
-    """Per-step progress lines from the tracker; only warnings from the libraries it drives."""
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    logging.getLogger("tracker").setLevel(logging.INFO)
+    """Per-step progress lines from the tracker; only warnings from the libraries it drives (`terminal.setup_logging`)."""
+    from tracker.base.terminal import setup_logging as setup
+
+    setup(progress=True)
 
 
 # MLflow passes every MLproject parameter as a string and does not validate its type.

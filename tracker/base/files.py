@@ -10,6 +10,8 @@ import os
 import stat
 from pathlib import Path
 
+from tracker.base.errors import TrackerError
+
 
 def read_small_file(path: str | Path, *, max_bytes: int, what: str) -> bytes:
     """The bytes of `path`, a regular file of at most `max_bytes`.
@@ -30,3 +32,17 @@ def read_small_file(path: str | Path, *, max_bytes: int, what: str) -> bytes:
         raise ValueError(f"{path} has {st.st_size} bytes, more than {what} holds (at most {max_bytes} are read)")
     with open(path, "rb") as f:
         return f.read(max_bytes + 1)
+
+
+def working_folder() -> Path:
+    """The working folder.
+
+    Raises:
+        TrackerError: it was removed while the process was in it (`os.getcwd` fails).
+    """
+    try:
+        return Path(os.getcwd())
+    except FileNotFoundError:
+        raise TrackerError("the working folder was removed while this shell was in it: cd to a folder that exists, "
+                           "then run this again (the default store ./mlflow.db and ./tracker-outbox are relative "
+                           "to it)") from None
