@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from tracker.optimize.quantize.float_zero_points import LEVELS, pack_levels, replace_matmuls
+from tracker.optimize.quantize.float_zero_points import LEVELS, min_max_blocks, pack_levels, replace_matmuls
 
 
 def quantize_blocks_int(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -37,18 +37,9 @@ def quantize_blocks_int(weight: np.ndarray, block_size: int) -> tuple[np.ndarray
     Raises:
         ValueError: `weight` is not 2-D, or `block_size` is not an even number >= 2.
     """
-    if weight.ndim != 2:
-        raise ValueError(f"a MatMul weight is [K, N], got shape {weight.shape}")
-    if block_size < 2 or block_size % 2:
-        raise ValueError(f"block_size must be an even number >= 2, got {block_size}")
-    k, n = weight.shape
-    blocks = -(-k // block_size)
-    padded = np.full((blocks * block_size, n), np.nan, dtype=np.float64)
-    padded[:k] = weight
-    by_block = padded.T.reshape(n, blocks, block_size)
-    low, high = np.nanmin(by_block, axis=-1), np.nanmax(by_block, axis=-1)
-    scale = (high - low) / LEVELS
-    scale[scale == 0] = 1.0  # a constant block: its value is all rounding error, given back by the mean
+    # a constant block (scale 1.0): its value is all rounding error, given back by the mean
+    by_block, low, scale = min_max_blocks(weight, block_size)
+    n, blocks = low.shape
     # The levels run from the block's own minimum, so they are exact on a Q4_1 block; the zero point is the nearest
     # 4-bit integer to where 0 falls, and whatever it misses (a block all of one sign included) is the same for every
     # weight of the block: the mean error gives it back.

@@ -27,6 +27,21 @@ def quantize_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np
     Raises:
         ValueError: `weight` is not 2-D, or `block_size` is not an even number >= 2.
     """
+    by_block, low, scale = min_max_blocks(weight, block_size)  # a constant block: level 0 is its value
+    levels = np.rint((by_block - low[..., None]) / scale[..., None])
+    levels = np.clip(np.nan_to_num(levels, nan=0.0), 0, LEVELS).astype(np.uint8)
+    zero = -low / scale
+    return pack_levels(levels), scale.astype(np.float32).reshape(-1), zero.astype(np.float32).reshape(-1)
+
+
+def min_max_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A [K, N] float weight in blocks of `block_size` along K, each spanning 16 levels from its own minimum to its own
+    maximum: the weights [N, blocks, block_size] (float64; NaN where K's last block is padded), each block's minimum
+    and its scale [N, blocks] (1.0 for a constant block).
+
+    Raises:
+        ValueError: `weight` is not 2-D, or `block_size` is not an even number >= 2.
+    """
     if weight.ndim != 2:
         raise ValueError(f"a MatMul weight is [K, N], got shape {weight.shape}")
     if block_size < 2 or block_size % 2:
@@ -38,11 +53,8 @@ def quantize_blocks(weight: np.ndarray, block_size: int) -> tuple[np.ndarray, np
     by_block = padded.T.reshape(n, blocks, block_size)
     low, high = np.nanmin(by_block, axis=-1), np.nanmax(by_block, axis=-1)
     scale = (high - low) / LEVELS
-    scale[scale == 0] = 1.0  # a constant block: level 0 is its value
-    levels = np.rint((by_block - low[..., None]) / scale[..., None])
-    levels = np.clip(np.nan_to_num(levels, nan=0.0), 0, LEVELS).astype(np.uint8)
-    zero = -low / scale
-    return pack_levels(levels), scale.astype(np.float32).reshape(-1), zero.astype(np.float32).reshape(-1)
+    scale[scale == 0] = 1.0
+    return by_block, low, scale
 
 
 def pack_levels(levels: np.ndarray) -> np.ndarray:
