@@ -21,6 +21,12 @@ def printable(text: str) -> str:
     return _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
+def one_line(text: str, limit: int = 300) -> str:
+    """`text` on one line, at most `limit` characters."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+
+
 def escape_all_logs() -> None:
     """Escapes every log record's message as `printable` does, when it is made, whichever library logs it and
     whichever handler writes it (MLflow's loggers have their own, and its messages hold the names it was given)."""

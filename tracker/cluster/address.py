@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 from tracker.base.errors import TrackerError
+from tracker.base.terminal import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def connect(address: Address, *, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
         ray.init(address=address.text, log_to_driver=True, logging_level=logging.WARNING)
     except Exception as e:
         raise ClusterError(f"could not connect to the Ray cluster at {address.text}: {type(e).__name__}: "
-                           f"{' '.join(str(e).split())[:300]}") from None
+                           f"{one_line(str(e))}") from None
     return True
 
 

@@ -18,11 +18,12 @@ import numpy as np
 from tracker.base.errors import RecordError
 from tracker.base.keys import ROLE_NODE_BASELINE, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
 from tracker.base.steps import StepTimes
+from tracker.base.terminal import one_line
 from tracker.base.termination import Terminated
 from tracker.base.vocabulary import RunStatus
 from tracker.cluster.address import SLOT, Address, ClusterError, connect, import_ray, measuring_nodes
 from tracker.cluster.node import NodeInfo, NodeMeasurer
-from tracker.cluster.records import RecordedRows, one_line
+from tracker.cluster.records import RecordedRows
 from tracker.cluster.wire import MODEL_FILE, Job, ModelFiles, Returned, unpack_record
 from tracker.measure.attempt import Attempt, AttemptResult
 from tracker.pipeline import AttemptSetup, log_or_keep

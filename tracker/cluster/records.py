@@ -67,7 +67,3 @@ class RecordedRows:
         return [row for _, _, row in ranked]
 
 
-def one_line(text: str, limit: int = 300) -> str:
-    """`text` on one line, at most `limit` characters."""
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."

@@ -14,6 +14,7 @@ import onnx
 
 from tracker.base.errors import RecordError
 from tracker.base.model_io import load_model
+from tracker.base.terminal import one_line
 from tracker.measure.attempt import Attempt
 from tracker.run.record import AttemptRecord, load_record, save_record
 
@@ -94,6 +95,6 @@ def unpack_record(data: bytes, folder: Path) -> AttemptRecord:
             tar.extractall(folder, filter="data")  # no links out, no absolute paths, no devices
     except (tarfile.TarError, OSError, EOFError, zlib.error, ValueError) as e:
         raise RecordError(f"the record a node returned is not a readable archive ({type(e).__name__}: "
-                          f"{' '.join(str(e).split())[:200]})") from None
+                          f"{one_line(str(e), 200)})") from None
     return load_record(folder)
 

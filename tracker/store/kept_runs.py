@@ -97,13 +97,8 @@ def made_from(run_id: str, record: AttemptRecord, *, source: Path | None = None)
     """
     from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-    try:
-        run = mlflow.MlflowClient().get_run(run_id)
-    except mlflow.exceptions.MlflowException as e:
-        if faults.is_outage(e):
-            raise
-        return None
-    if run.info.lifecycle_stage == "deleted":
+    run = _live_run(run_id)
+    if run is None:
         return None
     tags = run.data.tags
     parent = tags.get(MLFLOW_PARENT_RUN_ID)
@@ -117,13 +112,19 @@ def made_from(run_id: str, record: AttemptRecord, *, source: Path | None = None)
 
 def kept_run_status(run_id: str) -> str | None:
     """The status of a run an upload made (FINISHED, FAILED, RUNNING...), None when it is gone or deleted."""
+    run = _live_run(run_id)
+    return None if run is None else run.info.status
+
+
+def _live_run(run_id: str):
+    """The run `run_id`, None when it is gone or deleted; an outage raises."""
     try:
         run = mlflow.MlflowClient().get_run(run_id)
     except mlflow.exceptions.MlflowException as e:
         if faults.is_outage(e):
             raise
         return None
-    return None if run.info.lifecycle_stage == "deleted" else run.info.status
+    return None if run.info.lifecycle_stage == "deleted" else run
 
 
 @defers_sigterm

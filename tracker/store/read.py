@@ -18,6 +18,7 @@ import pandas as pd
 from tracker.base.errors import TrackerError
 from tracker.base.keys import ROLE_ATTEMPT, ROLE_STUDY, TAG_ROLE, TAG_STUDY, TAG_SUPERSEDED_BY
 from tracker.base.redaction import redact_uri
+from tracker.base.terminal import one_line
 from tracker.measure.graph_stats import DELTA
 from tracker.profile import columns as C
 
@@ -120,7 +121,7 @@ def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
             present = {Path(a.path).name for a in client.list_artifacts(run.info.run_id, "tables")}
         except (mlflow.exceptions.MlflowException, OSError) as e:
             present = set()
-            unreadable.append(f"tables/: {_one_line(e)}")
+            unreadable.append(f"tables/: {_why(e)}")
         wanted = [name for name in tables if f"{name}.json" in present]
         if wanted:
             import tempfile
@@ -131,11 +132,15 @@ def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
                         path = client.download_artifacts(run.info.run_id, f"tables/{name}.json", tmp)
                         found[name] = _read_table(Path(path), TABLE_COLUMNS.get(name, {}))
                     except (mlflow.exceptions.MlflowException, OSError, ValueError, RecursionError) as e:
-                        unreadable.append(f"tables/{name}.json: {_one_line(e)}")
+                        unreadable.append(f"tables/{name}.json: {_why(e)}")
     return FetchedRun(run_id=run.info.run_id, name=run.info.run_name or run.info.run_id,
                       experiment_id=run.info.experiment_id, status=run.info.status,
                       start_time_ms=int(run.info.start_time or 0), metrics=dict(run.data.metrics),
                       tags=dict(run.data.tags), tables=found, unreadable=tuple(unreadable))
+
+
+def _why(error: BaseException) -> str:
+    return one_line(str(error), 160) or type(error).__name__
 
 
 def _read_table(path: Path, columns: dict[str, bool]) -> pd.DataFrame:
@@ -161,11 +166,6 @@ def _read_table(path: Path, columns: dict[str, bool]) -> pd.DataFrame:
     for column in (c for c, numeric in columns.items() if numeric):
         pd.to_numeric(frame[column], errors="raise")  # ValueError naming the value
     return frame
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split()) or type(error).__name__
-    return text if len(text) <= 160 else f"{text[:157]}..."
 
 
 @contextlib.contextmanager
