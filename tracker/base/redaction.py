@@ -1,19 +1,21 @@
 """Keeps tracking credentials out of every line the process writes: its logs, MLflow's, and errors.
 
 A tracking URI may carry a password (`http://alice:SECRET@host`, `postgresql://u:SECRET@host/db`), a token as its
-user part (`https://TOKEN@host`) or in its query (`?token=SECRET`), and
-MLflow puts the URI into its own output ("View run ... at: <uri>", "API request to <uri>/api/... failed").
-`protect_uri` remembers the secrets of a URI (its whole user info and credential-named query values) and turns MLflow's URL printing off; a log record factory
-then replaces them in every log record, whichever library logs it; `redact` does it for any text.
+user part (`https://TOKEN@host`) or in its query (`?token=SECRET`), and MLflow puts the URI into its own output
+("View run ... at: <uri>", "API request to <uri>/api/... failed"). `protect_uri` remembers the secrets of a URI (its
+whole user info and credential-named query values) and turns MLflow's URL printing off; a log record factory
+(`terminal.rewrite_log_records`) then replaces them in every log record, whichever library logs it; `redact` does it
+for any text.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import threading
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+
+from tracker.base.terminal import rewrite_log_records
 
 MASK = "***"
 # Credentials MLflow's client also reads from the environment (never printed by it, but redacted too).
@@ -23,7 +25,6 @@ SUPPRESS_URL_PRINTING = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
 
 _secrets: set[str] = set()
 _lock = threading.Lock()
-_installed = False
 
 
 def redact_uri(uri: str) -> str:
@@ -77,7 +78,8 @@ def protect_uri(uri: str) -> None:
     if found:
         with _lock:
             _secrets.update(found)
-        _install_log_filter()
+        # in each log record when it is made, whichever handler writes it (MLflow's tracebacks included)
+        rewrite_log_records(redact, exceptions=True)
 
 
 def redact(text: str) -> str:
@@ -91,25 +93,3 @@ def redact(text: str) -> str:
 
 # `scheme://user:password@` or `scheme://TOKEN@` in any text (not an e-mail address: it follows "://").
 _USER_INFO = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://)[^/\s@?#]+@")
-
-
-def _install_log_filter() -> None:
-    """Redacts every log record when it is made, so that it holds whichever handler writes it."""
-    global _installed
-    with _lock:
-        if _installed:
-            return
-        _installed = True
-    make_record = logging.getLogRecordFactory()
-
-    def redacting_factory(*args, **kwargs) -> logging.LogRecord:
-        record = make_record(*args, **kwargs)
-        message = record.getMessage()
-        clean = redact(message)
-        if clean != message:
-            record.msg, record.args = clean, None
-        if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-        return record
-
-    logging.setLogRecordFactory(redacting_factory)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+from collections.abc import Callable
 
 # C0 controls but tab and newline, DEL, and C1 controls (0x9b is CSI on terminals that read 8-bit controls).
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
@@ -30,27 +32,36 @@ def one_line(text: str, limit: int = 300) -> str:
 def escape_all_logs() -> None:
     """Escapes every log record's message as `printable` does, when it is made, whichever library logs it and
     whichever handler writes it (MLflow's loggers have their own, and its messages hold the names it was given)."""
-    global _escaping
-    if _escaping:
-        return
-    _escaping = True
+    rewrite_log_records(printable)
+
+
+def rewrite_log_records(rewrite: Callable[[str], str], *, exceptions: bool = False) -> None:
+    """Passes every log record's message (and, with `exceptions`, its traceback) through `rewrite` when the record is
+    made, so that it holds whichever handler writes it. Installed once per `rewrite`."""
+    with _rewrites_lock:
+        if rewrite in _rewrites:
+            return
+        _rewrites.add(rewrite)
     make_record = logging.getLogRecordFactory()
 
-    def escaping_factory(*args, **kwargs) -> logging.LogRecord:
+    def rewriting_factory(*args, **kwargs) -> logging.LogRecord:
         record = make_record(*args, **kwargs)
         try:
             message = record.getMessage()
         except Exception:  # a malformed call: logging reports it when the record is written
             return record
-        clean = printable(message)
+        clean = rewrite(message)
         if clean != message:
             record.msg, record.args = clean, None
+        if exceptions and record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = rewrite(logging.Formatter().formatException(record.exc_info))
         return record
 
-    logging.setLogRecordFactory(escaping_factory)
+    logging.setLogRecordFactory(rewriting_factory)
 
 
-_escaping = False
+_rewrites: set[Callable[[str], str]] = set()
+_rewrites_lock = threading.Lock()
 
 
 def setup_logging(*, progress: bool) -> None:
