@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 
 from tracker.optimize import Candidate, Context, Entry
-from tracker.optimize.quantize.lm_head import NAME_SCOPES, innermost_module
+from tracker.optimize.quantize.lm_head import module_of
 from tracker.optimize.quantize.prepare import quantizable_nodes
 from tracker.search.screen import AccuracyCheck
 
@@ -65,9 +65,7 @@ def projection_groups(source: Path, nodes: list[str]) -> dict[str, tuple[str, ..
     instead of one per block of consecutive nodes, each costing a quantization and a scoring of the text."""
     graph = onnx.load_model(str(source), load_external_data=False).graph
     wanted = set(nodes)
-    kinds = {node.name: _projection_kind(innermost_module(
-        next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), ""))) for node in graph.node
-        if node.name in wanted}
+    kinds = {node.name: _projection_kind(module_of(node)) for node in graph.node if node.name in wanted}
     groups: dict[str, list[str]] = {}
     for name in nodes:
         groups.setdefault(kinds.get(name, ""), []).append(name)

@@ -112,14 +112,19 @@ def products_of(model: onnx.ModelProto, modules: tuple[str, ...]) -> list[str]:
     for node in model.graph.node:
         if node.op_type not in ("MatMul", "Gemm"):
             continue
-        scopes = next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), "")
-        module = innermost_module(scopes)
+        module = module_of(node)
         if module and any(module == m or module.endswith("." + m) for m in modules):
             found.append(node.name)
     return found
 
 
-def innermost_module(scopes: str) -> str:
+def module_of(node: onnx.NodeProto) -> str:
+    """The torch module path that made `node` (`model.layers.3.mlp.down_proj`), from a dynamo export's name scopes;
+    "" when the node has none."""
+    return _innermost_module(next((p.value for p in node.metadata_props if p.key == NAME_SCOPES), ""))
+
+
+def _innermost_module(scopes: str) -> str:
     """The module path of a node from its name scopes' text: the last scope but the op's own (`linear_5`)."""
     names = [part.strip().strip("'\"") for part in scopes.strip("[]").split(",") if part.strip()]
     return names[-2] if len(names) >= 2 else ""
