@@ -59,7 +59,7 @@ def test_a_dim_of_zero_is_refused_naming_it(store, linear, capsys, command):
 
 
 def test_a_past_length_of_zero_is_a_decoders_first_step_and_stays_allowed():
-    from tracker.cli import _dims
+    from tracker.experiment_args import parse_dims as _dims
 
     assert _dims(["batch=1,past_sequence_length=0"]) == {"batch": 1, "past_sequence_length": 0}
     with pytest.raises(ValueError, match="a dimension must be at least 1"):

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 from tracker.base.errors import TrackerError
-from tracker.base.files import working_folder
+from tracker.base.files import no_space_note, working_folder
 from tracker.base.redaction import redact
 from tracker.base.terminal import printable, setup_logging
 from tracker.base.termination import EXIT_CODE, received, sigterm_as_exit
@@ -25,11 +25,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (TrackerError, ValueError, ConnectionError) as e:
         _error(str(e))
         return 2
-    except Exception:
+    except Exception as e:
         if received():  # SIGTERM that surfaced as another error (e.g. an ImportError from a cut import)
             print("terminated (SIGTERM): runs logged so far are kept; the run that was cut is FAILED", file=sys.stderr)
             return EXIT_CODE
-        raise
+        if not no_space_note(e):
+            raise
+        _error(f"{type(e).__name__}: {e}{no_space_note(e)}")  # a full disk: which folder, not a traceback
+        return 2
     except KeyboardInterrupt:  # what was logged stays; open runs were ended FAILED on the way out
         print("interrupted (Ctrl-C): runs logged so far are kept; the run that was cut is FAILED", file=sys.stderr)
         return 130
@@ -131,7 +134,7 @@ def _optimize(args: argparse.Namespace) -> int:
 
     from tracker.base.keys import check_experiment_name
     from tracker.compare import format_table
-    from tracker.experiment_args import measure_config, session_config
+    from tracker.experiment_args import measure_config, parse_dims, session_config
     from tracker.search import parse_budget
     from tracker.studies import own
 
@@ -142,7 +145,7 @@ def _optimize(args: argparse.Namespace) -> int:
         task=args.task,
         attempts=_names(args.attempts) or None,
         skip=_names(args.skip),
-        dims=_dims(args.dim),
+        dims=parse_dims(args.dim),
         config_json=Path(args.config) if args.config else None,
         name=args.name or None,
         seed=args.seed,
@@ -280,22 +283,6 @@ def _own_class() -> type:
     return OwnModelConfig
 
 
-def _dims(pairs: list[str]) -> dict[str, int]:
-    dims = {}
-    for pair in (p.strip() for text in pairs for p in text.split(",")):
-        if not pair:
-            continue
-        name, sep, size = pair.partition("=")
-        if not sep or not size.strip().isdigit():
-            raise ValueError(f"--dim expects NAME=SIZE with an integer size, got {pair!r}")
-        # An empty input gives empty outputs, which every check passes; an empty past is a decoder's first step.
-        if int(size) < 1 and "past" not in name.lower():
-            raise ValueError(f"--dim {pair}: a dimension must be at least 1 (0 only for a past length, e.g. "
-                             "past_sequence_length=0, a decoder's first step)")
-        dims[name.strip()] = int(size)
-    return dims
-
-
 def _summarize(args: argparse.Namespace) -> int:
     from tracker.profile import aggregate
     from tracker.profile.parse import parse_profile
@@ -333,6 +320,7 @@ def _profile(args: argparse.Namespace) -> int:
     from tracker.api import log_attempt
     from tracker.base.keys import check_experiment_name
     from tracker.base.model_io import check_ort_ops, load_model
+    from tracker.experiment_args import parse_dims
     from tracker.measure.attempt import MeasureConfig
     from tracker.measure.inputs.feed_files import load_feeds
     from tracker.measure.inputs.feeds import make_feeds
@@ -347,7 +335,7 @@ def _profile(args: argparse.Namespace) -> int:
     if args.feeds:
         feeds = load_feeds(args.feeds, model)
     else:
-        feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
+        feeds = make_feeds(model, dims=parse_dims(args.dim), seed=args.seed)
     name = args.name or default_name(args.model)
     session = SessionConfig(graph_optimization_level=args.opt_level,
                             **({"intra_op_num_threads": args.threads} if args.threads else {}))
@@ -379,11 +367,12 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from tracker.base.model_io import load_model
+    from tracker.experiment_args import parse_dims
     from tracker.measure.inputs.feeds import make_feeds
     from tracker.measure.runtimes import reference_runtime as ref
 
     model = load_model(args.model)
-    feeds = make_feeds(model, dims=_dims(args.dim), seed=args.seed)
+    feeds = make_feeds(model, dims=parse_dims(args.dim), seed=args.seed)
     if args.node:
         evaluation = ref.evaluate_node(model, args.node, feeds, verbose=args.verbose)
         print(printable(evaluation.trace), end="")

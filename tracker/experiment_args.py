@@ -170,3 +170,21 @@ def _checked(text: str, kind, ok, expected: str):
     if not ok(value):
         raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
     return value
+
+
+def parse_dims(pairs: list[str]) -> dict[str, int]:
+    """`--dim NAME=SIZE` options (each repeatable or comma-separated) as name -> size; a size under 1 only for a past
+    length."""
+    dims = {}
+    for pair in (p.strip() for text in pairs for p in text.split(",")):
+        if not pair:
+            continue
+        name, sep, size = pair.partition("=")
+        if not sep or not size.strip().isdigit():
+            raise ValueError(f"--dim expects NAME=SIZE with an integer size, got {pair!r}")
+        # An empty input gives empty outputs, which every check passes; an empty past is a decoder's first step.
+        if int(size) < 1 and "past" not in name.lower():
+            raise ValueError(f"--dim {pair}: a dimension must be at least 1 (0 only for a past length, e.g. "
+                             "past_sequence_length=0, a decoder's first step)")
+        dims[name.strip()] = int(size)
+    return dims

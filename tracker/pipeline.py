@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from tracker.base.files import no_space_note
 from tracker.base.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
 from tracker.base.memory import release_free_memory
 from tracker.base.steps import StepTimes
@@ -32,7 +33,7 @@ from tracker.measure.timing.speedup import judge
 from tracker.optimize import Candidate, Chain, Entry
 from tracker.run import content as run_content
 from tracker.run.artifacts import write_attempt_artifacts
-from tracker.run.record import AttemptRecord, check_outbox, outbox_root, save_record
+from tracker.run.record import AttemptRecord, check_outbox, keep, save_record
 from tracker.store import connect, faults, write
 
 logger = logging.getLogger(__name__)
@@ -272,7 +273,7 @@ def log_failure(study: str | None, name: str, error: BaseException, *, runtime: 
 
 def mark_failed(record: AttemptRecord, error: BaseException) -> str:
     """Makes `record` a FAILED attempt carrying `error` and its traceback; returns the error's one-line text."""
-    record.status, record.error = RunStatus.FAILED, f"{type(error).__name__}: {error}"
+    record.status, record.error = RunStatus.FAILED, f"{type(error).__name__}: {error}{no_space_note(error)}"
     record.traceback = "".join(traceback.format_exception(error))
     logger.error("attempt %s failed: %s", record.attempt, record.error)
     return record.error
@@ -297,9 +298,10 @@ def log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> Log
         outage = faults.is_outage(e)
         outbox = _keep(record)
         if outage:
-            logger.error("could not log attempt %s (%s: %s); its results are kept in %s; upload them with "
-                         "`tracker upload %s` once the tracking server is back",
-                         record.attempt, type(e).__name__, e, outbox, outbox)
+            full = no_space_note(e)  # a full disk under MLflow's temporary files is no server's outage
+            logger.error("could not log attempt %s (%s: %s%s); its results are kept in %s; upload them with "
+                         "`tracker upload %s` once %s", record.attempt, type(e).__name__, e, full, outbox, outbox,
+                         "there is space" if full else "the tracking server is back")
             return Logged(outbox=outbox)
         reason = faults.describe(e)
         logger.error("the tracking store refused the run of attempt %s (%s); this is not an outage: its results "
@@ -317,15 +319,9 @@ class Logged:
 
 
 def _keep(record: AttemptRecord) -> Path:
-    """Saves a record in the outbox; where that fails (a full disk, a folder that went), in a new temporary
-    folder: a measurement is never lost for want of a place."""
-    try:
-        return save_record(record)
-    except OSError as e:
-        fallback = save_record(record, Path(tempfile.mkdtemp(prefix="tracker-outbox-")))
-        logger.error("could not keep attempt %s in the outbox %s (%s: %s); it is kept in %s instead",
-                     record.attempt, outbox_root(), type(e).__name__, e, fallback.parent.parent)
-        return fallback
+    """Saves a record in the outbox, else in this process's emergency folder (`run.record.keep`): a measurement is
+    not lost for want of a place."""
+    return keep(lambda root: save_record(record, root), f"attempt {record.attempt}")
 
 
 @dataclass(frozen=True)

@@ -378,11 +378,11 @@ class Study:
                 totals, wall = self.step_totals()
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
                 machine = self.machine.metrics() if self.machine else {}
-                searched = self.search_result.metrics() if self.search_result is not None else {}
-                if log_summary(self.rows(), {**totals.metrics(wall), **machine, **searched}, study=self.name,
-                               run_id=self.run.info.run_id):
+                searched, run_id = self.search_result.metrics() if self.search_result else {}, self.run.info.run_id
+                if log_summary(self.rows(), {**totals.metrics(wall), **machine, **searched}, study=self.name, run_id=run_id):
                     ok = [r for r in self.results if r.ok]
-                    log_report(self.rows(tables=True), self._work / "report", study=self.name, search=self.search_result,
+                    log_report(self.rows(tables=True), self._work / "report", study=self.name, run_id=run_id,
+                               search=self.search_result,
                                rooflines={r.attempt.name: r.roofline for r in ok if r.roofline is not None},
                                phase_rooflines={r.attempt.name: r.phase_rooflines for r in ok if r.phase_rooflines})
         finally:

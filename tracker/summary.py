@@ -7,12 +7,14 @@ import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from tracker.base.errors import TrackerError
+from tracker.base.files import no_space_note
 from tracker.measure.costmodel.roofline import Roofline
 from tracker.report.rows import AttemptRow, pick_best, study_counts
 from tracker.report.scenarios import scenario_tags
 from tracker.report.search import build_search_report
 from tracker.report.study import build_study_report
-from tracker.run.record import save_summary
+from tracker.run.record import keep, save_summary
 from tracker.search import SearchResult
 from tracker.store import connect, faults, write
 
@@ -20,16 +22,21 @@ logger = logging.getLogger(__name__)
 
 
 def log_summary(rows: Sequence[AttemptRow], metrics: Mapping[str, float], *, study: str, run_id: str) -> bool:
-    """Logs on the active (study) run `metrics`, the rows' counts, the best attempt (`pick_best`) and each scenario's
+    """Logs on the study run `run_id` `metrics`, the rows' counts, the best attempt (`pick_best`) and each scenario's
     best (`scenario_tags`). Returns whether it was logged: else it is kept in the outbox and the log says so."""
     metrics = {**study_counts(rows), **metrics}
     best, tags = pick_best(rows), scenario_tags(rows)
     try:
         connect.ensure_reachable()
-        write.log_study_summary(metrics=metrics, best=best, tags=tags)
+        write.log_study_summary(run_id, metrics=metrics, best=best, tags=tags)
     except Exception as e:
-        kept = save_summary({"metrics": metrics, "best": best, "tags": tags}, study=study, parent_run_id=run_id)
         why = "could not log" if faults.is_outage(e) else "the tracking store refused"
+        try:
+            kept = keep(lambda root: save_summary({"metrics": metrics, "best": best, "tags": tags}, study=study,
+                                                  parent_run_id=run_id, root=root), f"the summary of study {study}")
+        except TrackerError as lost:
+            logger.error("%s the summary of study %s (%s), and %s", why, study, faults.describe(e), lost)
+            return False
         logger.error("%s the summary of study %s (%s); it is kept in %s and its run stays open on the server until "
                      "`tracker upload %s`", why, study, faults.describe(e), kept.parent, kept.parent.parent)
         return False
@@ -37,18 +44,18 @@ def log_summary(rows: Sequence[AttemptRow], metrics: Mapping[str, float], *, stu
 
 
 def log_report(
-    rows: Sequence[AttemptRow], folder: Path, *, study: str, rooflines: Mapping[str, Roofline],
+    rows: Sequence[AttemptRow], folder: Path, *, study: str, run_id: str, rooflines: Mapping[str, Roofline],
     phase_rooflines: Mapping[str, Mapping[str, Roofline]], search: SearchResult | None,
 ) -> None:
-    """Logs the study report (and the search's page, after a search) on the active (study) run; a report problem
+    """Logs the study report (and the search's page, after a search) on the study run `run_id`; a report problem
     never costs the study its summary."""
     best = pick_best(rows)
     try:
         built = build_study_report(rows, folder, study=study, best=best, rooflines=rooflines,
                                    phase_rooflines=phase_rooflines)
-        write.log_study_report(built.html, built.tables)
+        write.log_study_report(run_id, built.html, built.tables)
         if search is not None:
             page = build_search_report(search, rows, folder, study=study, best=best)
-            write.log_study_report(page.html, page.tables)
+            write.log_study_report(run_id, page.html, page.tables)
     except Exception as e:
-        logger.error("could not log the report of study %s (%s: %s)", study, type(e).__name__, e)
+        logger.error("could not log the report of study %s (%s: %s%s)", study, type(e).__name__, e, no_space_note(e))

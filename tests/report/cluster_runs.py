@@ -119,7 +119,7 @@ def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes:
                 return LoggedStudy(uri, parent.info.run_id, ids)
             rows = [compare.row_from_run(r) for r in read.fetch_runs(ids, tables=())]
             best = pick_best(rows)
-            write.log_study_summary(metrics=study_counts(rows), best=best, tags=scenario_tags(rows))
+            write.log_study_summary(parent.info.run_id, metrics=study_counts(rows), best=best, tags=scenario_tags(rows))
             built = build_study_report(rows, folder / "report", study=name, best=best)
-            write.log_study_report(built.html, built.tables)
+            write.log_study_report(parent.info.run_id, built.html, built.tables)
     return LoggedStudy(uri, parent.info.run_id, ids)

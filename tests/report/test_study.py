@@ -195,7 +195,7 @@ def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path
     isolate_mlflow(monkeypatch)
     mlflow.set_tracking_uri(uri)
     with mlflow.start_run(experiment_id=experiment_id) as run:
-        write.log_study_report(built.html, built.tables)
+        write.log_study_report(run.info.run_id, built.html, built.tables)
     logged = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
     assert logged == {"report/study_report.html", "report/attempts.json", "report/ops_by_attempt.json",
                       "report/graph_changes_by_attempt.json"}

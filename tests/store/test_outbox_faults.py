@@ -236,3 +236,18 @@ def test_a_record_the_outbox_cannot_take_is_kept_in_a_folder_of_its_own(store, t
     record = json.loads((result.outbox / RECORD_FILE).read_text())
     assert record["attempt"] == "baseline" and record["metrics"]["latency.p50_ms"] > 0
     assert f"it is kept in {result.outbox.parent.parent} instead" in caplog.text
+
+
+def test_an_outbox_in_the_working_folder_that_cannot_be_used_does_not_say_to_unset_an_unset_variable(
+        store, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TRACKER_OUTBOX")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tracker-outbox").write_text("not a folder")
+    onnx.save(make_linear_model(n_features=4), str(tmp_path / "model.onnx"))
+
+    code = main(["profile", str(tmp_path / "model.onnx"), "--dim", "N=2", "--runs", "2", "--min-seconds", "0"])
+
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: the outbox {tmp_path / 'tracker-outbox'} is not a folder" in err
+    assert "$TRACKER_OUTBOX" in err and "unset" not in err, "the variable is not set: there is nothing to unset"
+    assert "set $TRACKER_OUTBOX to one" in err

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
 import stat
+import tempfile
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import TypeVar
@@ -17,6 +20,8 @@ from tracker.base.errors import ModelError, RecordError, TrackerError
 from tracker.base.files import read_small_file
 from tracker.base.vocabulary import RunStatus
 from tracker.measure.inputs.feeds_description import FeedsDescription, FeedSpec
+
+logger = logging.getLogger(__name__)
 
 OUTBOX_ENV = "TRACKER_OUTBOX"
 RECORD_FILE = "record.json"
@@ -73,6 +78,36 @@ def outbox_root() -> Path:
     return Path(os.environ.get(OUTBOX_ENV) or Path.cwd() / "tracker-outbox").resolve()
 
 
+_EMERGENCY: list[Path] = []  # this process's one folder for what the outbox could not take (`keep`)
+
+
+def keep(save: Callable[[Path], Path], what: str) -> Path:
+    """`save(outbox_root())`: where the outbox cannot take it (a full disk, a folder that went), `save` in this
+    process's one emergency folder under the temporary folder (every record and summary of the process in the same
+    one), with an error line naming the folder that failed. Returns what `save` returned.
+
+    Raises:
+        TrackerError: neither folder could take it; the message names both and why.
+    """
+    root = outbox_root()
+    try:
+        return save(root)
+    except OSError as e:
+        first = f"{type(e).__name__}: {e}"
+    try:
+        if not _EMERGENCY or not _EMERGENCY[0].is_dir():
+            _EMERGENCY[:] = [Path(tempfile.mkdtemp(prefix="tracker-outbox-"))]
+        kept = save(_EMERGENCY[0])
+    except OSError as e:
+        where = _EMERGENCY[0] if _EMERGENCY else Path(tempfile.gettempdir())
+        raise TrackerError(f"could not keep {what} in the outbox {root} ({first}), nor in {where} "
+                           f"({type(e).__name__}: {e}): free space there, or set ${OUTBOX_ENV} to a folder that "
+                           "has some") from e
+    logger.error("could not keep %s in the outbox %s (%s); it is kept in %s instead", what, root, first,
+                 _EMERGENCY[0])
+    return kept
+
+
 def check_outbox(root: Path | None = None) -> Path:
     """The outbox folder (default `outbox_root()`), checked before any work: it is a folder, or can be made.
 
@@ -81,14 +116,15 @@ def check_outbox(root: Path | None = None) -> Path:
     """
     root = root or outbox_root()
     existing = next(p for p in (root, *root.parents) if p.exists())
+    # Only a variable that is set can be fixed or unset; otherwise the outbox is the working folder's.
+    fix = (f"fix ${OUTBOX_ENV}, or unset it to use ./tracker-outbox" if os.environ.get(OUTBOX_ENV)
+           else f"run from a folder you can write to, or set ${OUTBOX_ENV} to one")
     if not existing.is_dir():
         where = "" if existing == root else f" ({existing} is a file)"
         raise TrackerError(f"the outbox {root} is not a folder{where}; expected a folder, made if missing, to keep "
-                           f"records the tracking store does not take: fix ${OUTBOX_ENV}, or unset it to use "
-                           "./tracker-outbox")
+                           f"records the tracking store does not take: {fix}")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise TrackerError(f"the outbox {root} cannot be written ({existing} is not writable); fix ${OUTBOX_ENV}, "
-                           "or unset it to use ./tracker-outbox")
+        raise TrackerError(f"the outbox {root} cannot be written ({existing} is not writable); {fix}")
     return root
 
 

@@ -27,7 +27,7 @@ from tracker.base.keys import (
 from tracker.base.termination import defers_sigterm
 from tracker.run.record import AttemptRecord
 from tracker.store import faults
-from tracker.store.write import end_run_quietly, log_record, log_study_report, log_study_summary
+from tracker.store.write import end_run, end_run_quietly, log_record, log_study_report, log_study_summary
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +75,9 @@ def fill_kept_run(run_id: str, record: AttemptRecord) -> dict[str, str]:
     try:
         left_out = log_record(record)
     except BaseException:
-        end_run_quietly("FAILED")
+        end_run_quietly(run_id, "FAILED")
         raise
-    mlflow.end_run(status=record.status)
+    end_run(run_id, record.status)
     client = mlflow.MlflowClient()
     if record.run_id and record.run_id != run_id:
         mine = made_from(record.run_id, record)
@@ -140,18 +140,16 @@ def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = No
     """Logs on a study run the summary (`log_study_summary`'s arguments) and the report its process could
     not, when given, and tags it `tracker.uploaded_later`. A run an outage left RUNNING ends FINISHED; one
     that had ended keeps its status."""
-    status = mlflow.MlflowClient().get_run(run_id).info.status
+    client = mlflow.MlflowClient()
+    status = client.get_run(run_id).info.status
     status = "FINISHED" if status == "RUNNING" else status
-    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
-    try:
-        mlflow.set_tag(TAG_UPLOADED_LATER, "true")
-        if summary is not None:
-            # its keys are log_study_summary's keywords (upload reads them back from a saved summary)
-            log_study_summary(**summary)  # type: ignore[arg-type]
-        if report is not None:
-            log_study_report(report.html, report.tables)
-    finally:
-        end_run_quietly(status)
+    client.set_tag(run_id, TAG_UPLOADED_LATER, "true")
+    if summary is not None:
+        # its keys are log_study_summary's keywords (upload reads them back from a saved summary)
+        log_study_summary(run_id, **summary)  # type: ignore[arg-type]
+    if report is not None:
+        log_study_report(run_id, report.html, report.tables)
+    client.set_terminated(run_id, status)
 
 
 def _run_exists(client, run_id: str) -> bool:

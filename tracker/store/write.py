@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -81,11 +82,11 @@ def study_run(
         yield run
     except BaseException:
         if run is not None:
-            end_run_quietly("FAILED")
+            end_run_quietly(run.info.run_id, "FAILED")
             logger.info("study %s failed: %s", study, _view_hint(run))
         raise
     else:
-        end_run_quietly("FINISHED")
+        end_run_quietly(run.info.run_id, "FINISHED")
         logger.info("study %s: %s", study, _view_hint(run))
 
 
@@ -109,14 +110,13 @@ def attempt_run(
                                    experiment_id=experiment_id)
             mlflow.set_tags(tags)
         yield run
-        with deferred():
-            mlflow.end_run(status=status)
+        end_run(run.info.run_id, status)
     except BaseException as e:
-        active = mlflow.active_run()
-        if run is not None and active is not None and active.info.run_id == run.info.run_id:
-            with contextlib.suppress(Exception):  # the server may be what failed
-                log_failure(e)
-            end_run_quietly("FAILED")
+        if run is not None:
+            if _is_active(run.info.run_id):  # not when ending it is what failed: it has left the stack
+                with contextlib.suppress(Exception):  # the server may be what failed
+                    log_failure(e)
+            end_run_quietly(run.info.run_id, "FAILED")
         raise
 
 
@@ -146,16 +146,45 @@ def _on_server() -> bool:
 
 
 @defers_sigterm
-def end_run_quietly(status: str) -> None:
-    """Ends the active run; if the server cannot be told, still leaves this process's run stack clean."""
+def end_run(run_id: str, status: str) -> None:
+    """Ends the run `run_id` with `status`. It leaves this process's run stack first, whatever the store answers, and
+    no other run leaves it (MLflow's `end_run` pops the top run before it tells the store, so a failed ending followed
+    by a second pop used to drop the study's own run).
+
+    Raises:
+        Exception: the store could not be told; the run stays RUNNING there (the caller keeps its record).
+    """
+    _leave_stack(run_id)
+    ensure_reachable()  # a dead server would make set_terminated retry for minutes
+    mlflow.MlflowClient().set_terminated(run_id, status)
+
+
+def end_run_quietly(run_id: str, status: str) -> bool:
+    """`end_run`, with a store that cannot be told logged (naming the run) instead of raised; returns whether the
+    store was told."""
     try:
-        ensure_reachable()  # a dead server would make end_run retry for minutes
-        mlflow.end_run(status=status)
-    except Exception:
-        run = mlflow.active_run()
-        logger.warning("could not tell the tracking server that run %s ended", run.info.run_id if run else None)
-        with contextlib.suppress(Exception):
-            mlflow.tracking.fluent._active_run_stack.get().pop()  # no public way to drop a dead run
+        end_run(run_id, status)
+    except Exception as e:
+        logger.warning("could not tell the tracking store that run %s ended %s (%s); it shows RUNNING there",
+                       run_id, status, faults.describe(e))
+        return False
+    return True
+
+
+def _leave_stack(run_id: str) -> None:
+    """Takes the run `run_id` (only it) off this process's MLflow run stack, as `mlflow.end_run` would."""
+    from mlflow.tracking import fluent
+
+    stack = fluent._active_run_stack.get()  # no public way to drop one run by its id
+    stack[:] = [run for run in stack if run.info.run_id != run_id]
+    if os.environ.get("MLFLOW_RUN_ID") == run_id:  # `mlflow run`'s run, attached to by id
+        del os.environ["MLFLOW_RUN_ID"]
+    fluent._last_active_run_id.set(run_id)
+
+
+def _is_active(run_id: str) -> bool:
+    run = mlflow.active_run()
+    return run is not None and run.info.run_id == run_id
 
 
 @defers_sigterm
@@ -289,22 +318,27 @@ def log_candidate_runs(candidates: Sequence[Mapping[str, Mapping]]) -> list[str]
 
 
 @defers_sigterm
-def log_study_summary(*, metrics: Mapping[str, float], best: str | None,
+def log_study_summary(run_id: str, *, metrics: Mapping[str, float], best: str | None,
                       tags: Mapping[str, str] | None = None) -> None:
-    """Logs on the study run its metrics, the best attempt that passed its check (`tracker.best_attempt`) and
-    other tags of the summary (e.g. each scenario's best, `tracker.report.scenarios.scenario_tags`).
+    """Logs on the study run `run_id` (by its id: never on whichever run is active) its metrics, the best attempt that
+    passed its check (`tracker.best_attempt`) and other tags of the summary (e.g. each scenario's best,
+    `tracker.report.scenarios.scenario_tags`).
 
     The table of its attempts is the report's `report/attempts.json` (`log_study_report`).
     """
-    mlflow.set_tags({**(tags or {}), TAG_BEST: best or NO_BEST})
-    mlflow.log_metrics(_clean_metrics(metrics))
+    from mlflow.entities import Metric, RunTag
+
+    now = int(time.time() * 1000)
+    mlflow.MlflowClient().log_batch(
+        run_id, metrics=[Metric(key, value, now, 0) for key, value in _clean_metrics(metrics).items()],
+        tags=[RunTag(key, value) for key, value in {**(tags or {}), TAG_BEST: best or NO_BEST}.items()])
 
 
 @defers_sigterm
-def log_study_report(html: str | Path, tables: Mapping[str, pd.DataFrame]) -> None:
-    """Logs the study report on the active (study) run: `report/<html file name>` and each table as
+def log_study_report(run_id: str, html: str | Path, tables: Mapping[str, pd.DataFrame]) -> None:
+    """Logs the study report on the study run `run_id`: `report/<html file name>` and each table as
     `report/<name>.json` with `mlflow.log_table`, so the UI's table view shows them."""
-    mlflow.log_artifact(str(html), "report")
+    mlflow.MlflowClient().log_artifact(run_id, str(html), "report")
     for name, table in tables.items():
         if not table.empty:  # an empty table (no graph change) has nothing to show in the UI
-            mlflow.log_table(_json_safe(table), artifact_file=f"report/{name}.json")
+            mlflow.log_table(_json_safe(table), artifact_file=f"report/{name}.json", run_id=run_id)
