@@ -14,6 +14,7 @@ from tracker.base.keys import (
     NO_BEST,
     TAG_ATTEMPT,
     TAG_BEST,
+    TAG_KILLED,
     TAG_RUNTIME,
     TAG_STUDY,
 )
@@ -43,6 +44,7 @@ class Comparison:
     best: str | None
     study_run_id: str | None = None
     best_by_node_type: dict[str, str | None] = field(default_factory=dict)
+    unfinished: str | None = None  # why the study run did not end FINISHED (its status, and a killed run's reason)
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,14 @@ def load_comparison(
     rows = attempt_rows(row_from_run(run) for run in attempts)
     best = _logged_best(parent.tags, TAG_BEST, rows)
     name = parent.tags.get(TAG_STUDY, parent.name)
+    unfinished = None if parent.status == "FINISHED" else (
+        f"{parent.status}: {parent.tags.get(TAG_KILLED) or _UNFINISHED.get(parent.status, 'did not finish')}")
     return Comparison(f"Study {name}", rows, best, study_run_id=study_run_id,
-                      best_by_node_type=_node_type_bests(rows, parent.tags))
+                      best_by_node_type=_node_type_bests(rows, parent.tags), unfinished=unfinished)
+
+
+_UNFINISHED = {"RUNNING": "still running, or its process was cut off on another host",
+               "FAILED": "it ended on an error", "KILLED": "it was stopped"}
 
 
 def _logged_best(tags: dict[str, str], tag: str, rows: Sequence[AttemptRow]) -> str | None:
@@ -213,6 +221,10 @@ def format_table(comparison: Comparison) -> str:
     best = f"best: {comparison.best or 'none (no attempt passed)'}" if not by_type else "best per node type: " + (
         "; ".join(f"{t}: {b or 'none passed'}" for t, b in by_type.items()))
     run = f" (run {comparison.study_run_id})" if comparison.study_run_id else ""
+    if comparison.unfinished:  # its attempts are those it reached: the best is the best of those
+        notes.insert(0, f"note: the study did not finish ({comparison.unfinished}): the attempts it did not reach "
+                        "are missing, and the best is the best of those it measured")
+        run += " [did not finish]"
     return (f"{comparison.title}{run}: {len(comparison.rows)} attempts, {best}\n" + "\n".join(text)
             + "".join(f"\n{note}" for note in notes) + "".join(f"\n{line}" for line in _scenario_lines(comparison)))
 
@@ -246,6 +258,7 @@ def to_json(comparison: Comparison, requirements: Sequence[Requirement]) -> dict
         "title": comparison.title,
         "study_run_id": comparison.study_run_id,
         "best": comparison.best,
+        "unfinished": comparison.unfinished,
         **by_type,
         "attempts": [{k: _json_value(v) for k, v in row.items()} for row in attempts.to_dict("records")],
         "require": [{"name": q.name, "passed": q.passed, "reason": q.reason} for q in requirements],

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from tracker.base.files import make_work_folder
 from tracker.base.keys import check_experiment_name
 from tracker.base.model_io import load_graph, save_model
 from tracker.base.steps import StepTimes
@@ -120,7 +120,7 @@ class Study:
             if self._cluster is not None:
                 self._cluster.connect()  # an unreachable cluster: a one-line error before any work
             if self._workdir is None:
-                self._workdir = Path(tempfile.mkdtemp(prefix=f"tracker-{self.name}-"))
+                self._workdir = make_work_folder(f"tracker-{self.name}-")  # a killed study's folder goes
             with self.steps.step("machine"):
                 self.machine = measure_machine_or_none()
             params = {**self.config.params(), **(self.machine.params() if self.machine else {}), **self.params}

@@ -27,7 +27,7 @@ from tracker.base.errors import RecordError, TrackerError
 from tracker.base.keys import NO_BEST, ROLE_STUDY, TAG_BEST, TAG_ROLE, TAG_STUDY
 from tracker.base.termination import deferred
 from tracker.run.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries, load_record, load_summary
-from tracker.store import faults
+from tracker.store import abandoned, faults
 
 T = TypeVar("T")
 
@@ -105,6 +105,9 @@ def _upload(root: Path) -> Upload:
     result = Upload()
     records: dict[Path, AttemptRecord] = _load_each(find_records(root), load_record, result.refused)
     summaries: dict[Path, dict] = _load_each(find_summaries(root), load_summary, result.refused)
+    # A study its process left RUNNING is KILLED before its kept records join it (`end_uploaded_study` keeps that).
+    abandoned.end_abandoned_in(sorted({r.experiment_id for r in records.values() if r.experiment_id}),
+                               by="tracker upload")
 
     studies: dict[str, Path] = {}  # study run id -> its folder in the outbox
     for folder, record in records.items():

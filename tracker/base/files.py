@@ -1,5 +1,6 @@
 """The files and folders a user names or the process works in: a small file read without blocking or running out of
-memory, the working folder, and which folder is full when a write fails for space.
+memory, the working folder, which folder is full when a write fails for space, and the work folders a process owns
+(marked with the process, so that the next one removes those a killed process left).
 
 Opening a FIFO waits for a writer and a device such as /dev/zero reads for ever: only a regular file is opened, and
 only when it is within its bound.
@@ -9,13 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import logging
 import os
 import shutil
+import socket
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
+import psutil
+
 from tracker.base.errors import TrackerError
+
+logger = logging.getLogger(__name__)
 
 
 def read_small_file(path: str | Path, *, max_bytes: int, what: str) -> bytes:
@@ -78,3 +87,64 @@ def no_space_note(error: BaseException | None) -> str:
             free = "unknown"
         left.append(f"{folder} ({role}) {free}")
     return f" (space left: {'; '.join(left)})"
+
+
+# A pid alone names whatever process holds that number now: a process is its pid and when it started.
+_SAME_START_S = 1.0
+WORK_MARKER = ".tracker-owner.json"  # in each work folder `make_work_folder` makes: the process that owns it
+
+
+def this_process() -> dict[str, str]:
+    """This process as its runs and work folders record it: its host's name, its pid, and when it started (seconds
+    after boot, which a clock change does not move)."""
+    process = psutil.Process()
+    return {"host": socket.gethostname(), "pid": str(process.pid), "started_s": f"{_started_s(process):.2f}"}
+
+
+def process_gone(owner: Mapping[str, str]) -> bool:
+    """Whether the process `owner` names (`this_process`'s fields) ran on this host and has ended: its pid is free,
+    or held by a process that started at another time. False for another host's process, or for fields that do not
+    parse: nothing is claimed about a process this host cannot see."""
+    if owner.get("host") != socket.gethostname():
+        return False
+    try:
+        pid, started_s = int(owner["pid"]), float(owner["started_s"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    try:
+        return abs(_started_s(psutil.Process(pid)) - started_s) > _SAME_START_S
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.AccessDenied:
+        return False
+
+
+def _started_s(process: psutil.Process) -> float:
+    return process.create_time() - psutil.boot_time()
+
+
+def make_work_folder(prefix: str) -> Path:
+    """A new folder under the temporary folder (`prefix` starts with "tracker-") for this process's work, marked as
+    its own; the folders of processes gone are removed first (`remove_dead_work_folders`)."""
+    remove_dead_work_folders()
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    (folder / WORK_MARKER).write_text(json.dumps(this_process()))
+    return folder
+
+
+def remove_dead_work_folders(root: Path | None = None) -> list[Path]:
+    """Removes the work folders `make_work_folder` made under `root` (default: the temporary folder) whose process
+    ended on this host without removing them (a SIGKILL leaves its models there). A folder without the marker is
+    never removed: it is not known to be ours. Returns the folders removed."""
+    removed = []
+    for marker in (root or Path(tempfile.gettempdir())).glob(f"tracker-*/{WORK_MARKER}"):
+        try:
+            owner = json.loads(read_small_file(marker, max_bytes=4096, what="a work folder's owner"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(owner, dict) and process_gone(owner):
+            shutil.rmtree(marker.parent, ignore_errors=True)
+            removed.append(marker.parent)
+            logger.info("removed %s, the work folder of process %s, which ended without removing it", marker.parent,
+                        owner.get("pid"))
+    return removed

@@ -34,6 +34,12 @@ TAG_UPLOADED_FROM = "tracker.uploaded_from"  # the outbox folder an uploaded att
 TAG_UPLOADED_LATER = "tracker.uploaded_later"  # a study run `tracker upload` finished
 TAG_NOT_LOGGED = "tracker.not_logged"  # parts of a run MLflow refused for their content, and why
 TAG_SUPERSEDED_BY = "tracker.superseded_by"  # a run replaced by its upload: `tracker compare` skips it
+# The process that writes a run (`base.files.this_process`), so that a run its killed process left RUNNING is found
+# (`tracker.store.abandoned`) and ended KILLED, with why in `tracker.killed`.
+TAG_HOST = "tracker.host"
+TAG_PID = "tracker.pid"
+TAG_PID_STARTED = "tracker.pid_started_s"
+TAG_KILLED = "tracker.killed"
 # Where an attempt was measured on a cluster (`tracker.cluster`): the Ray node's id, and the node's hardware type
 # (its `tracker_node_type` label, else its CPU model). A local study sets neither; rows group by the node type.
 TAG_NODE = "tracker.node"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
-import tempfile
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tracker.base.errors import RecordError
+from tracker.base.files import make_work_folder
 from tracker.base.keys import ROLE_NODE_BASELINE, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
 from tracker.base.steps import StepTimes
 from tracker.base.terminal import one_line
@@ -241,7 +241,7 @@ class Fanout:
         ray = import_ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        self._work = Path(tempfile.mkdtemp(prefix=f"tracker-{self.study}-records-"))
+        self._work = make_work_folder(f"tracker-{self.study}-records-")
         self._parent = write.current_ids()
         feeds = ray.put(self.feeds)
         measurer = ray.remote(NodeMeasurer)

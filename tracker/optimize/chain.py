@@ -39,6 +39,10 @@ class Chain(Entry):
         return SEPARATOR.join(step.name for step in self.steps)
 
     @property
+    def inserts_ops(self) -> bool:  # type: ignore[override]  # a class attribute on Entry, read-only here
+        return any(step.inserts_ops for step in self.steps)
+
+    @property
     def kind(self) -> Kind:
         graph_steps = [s.kind for s in self.steps if s.kind != Kind.SESSION]
         return graph_steps[-1] if graph_steps else Kind.SESSION

@@ -13,6 +13,7 @@ import onnx
 from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Applies, Candidate, Context, Make, any_graph
 from tracker.optimize.model_files import files_state
+from tracker.optimize.opset import for_ort, opset_problem
 
 # What an entry does: run the same model with other session settings, rewrite the graph with a tool
 # (optimizer, converter, quantizer), apply a hand-written fusion, or quantize any model's weights with a
@@ -60,6 +61,7 @@ class Entry:
     """
 
     params_prefix = "quantization"
+    inserts_ops = False  # it inserts standard ops (QuantizeLinear, Cast, ...) at the model's opset: `optimize.opset`
 
     # Read-only to the framework: an entry gives them as dataclass fields, class attributes or properties (a
     # chain's come from its steps). Declared for the type checker only: a property here would be the default
@@ -90,6 +92,8 @@ class Entry:
         """None when this entry applies to `model` under `context`, else the reason it does not."""
         if context.runtime not in self.runtimes:
             return f"runs under {', '.join(self.runtimes)}, not {context.runtime}"
+        if self.inserts_ops and (problem := opset_problem(model)):
+            return problem
         return self.requires(model, context)
 
     def __call__(self, source: Path, target_dir: Path, context: Context, *,
@@ -107,9 +111,13 @@ class Entry:
         if reason is not None:
             raise EntryError(self.name, f"does not apply to this model: {reason}")
         before = files_state(source)
-        candidate = self.make(source, target_dir, context)
+        # A model past the opset ORT implements for the ops it inserts: a converted copy (`opset_problem` allowed it)
+        made_from, converted = for_ort(source, graph, target_dir) if self.inserts_ops else (source, None)
+        candidate = self.make(made_from, target_dir, context)
         if files_state(source) != before:
             raise EntryError(self.name, f"changed its source {source}")
+        if converted:
+            candidate = replace(candidate, notes=(converted, *candidate.notes))
         if self.kind == Kind.SESSION:
             if candidate.path != source:
                 raise EntryError(self.name, "a session entry runs its source as it is")
@@ -216,6 +224,7 @@ class FunctionEntry(Entry):
     make: Make  # type: ignore[assignment]  # the function, held as a field, stands in for the method (same call)
     applies: Applies = any_graph
     runtimes: tuple[str, ...] = ("onnxruntime",)
+    inserts_ops: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -48,4 +48,4 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
 
 
 ENTRY = FunctionEntry("ort_opt_fp16", Kind.TRANSFORM, "ORT's optimizer at opt_level 1, then float16 weights and compute",
-              ort_opt_fp16, ort_transformer)
+              ort_opt_fp16, ort_transformer, inserts_ops=True)

@@ -21,6 +21,7 @@ from tracker.base.redaction import redact_uri
 from tracker.base.terminal import one_line
 from tracker.measure.graph_stats import DELTA
 from tracker.profile import columns as C
+from tracker.store import abandoned
 
 ATTEMPT_TABLES = ("ops_by_op", "graph_diff")  # per-attempt tables the study report shows
 # The columns the report reads from each (True: numeric); a table without them is unreadable, not a crash.
@@ -105,6 +106,10 @@ def fetch_study_runs(
         [parent.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{_quote(study_run_id)}'",
         order_by=["attributes.start_time ASC"], max_results=5000,
     )
+    # Runs a killed process left RUNNING are ended KILLED first, and read as such (`tracker.store.abandoned`).
+    found = [(r.info.run_id, r.info.status, r.data.tags) for r in children]
+    if abandoned.end_abandoned([(parent.run_id, parent.status, parent.tags), *found], by="tracker compare"):
+        return fetch_study_runs(study_run_id, tables=tables)
     attempts = [r for r in children if r.data.tags.get(TAG_ROLE) == ROLE_ATTEMPT
                 and TAG_SUPERSEDED_BY not in r.data.tags]
     if not attempts:

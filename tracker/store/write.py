@@ -41,7 +41,8 @@ from tracker.base.termination import deferred, defers_sigterm
 from tracker.base.vocabulary import Status
 from tracker.profile import columns as C
 from tracker.run.record import AttemptRecord
-from tracker.store import faults
+from tracker.store import abandoned, faults
+from tracker.store.abandoned import process_tags
 from tracker.store.connect import ensure_reachable
 from tracker.store.model_and_feeds import feeds_dataset, log_onnx_flavor, log_plain_model, tensor_signature
 
@@ -75,8 +76,9 @@ def study_run(
                 set_experiment(experiment)
             nested = mlflow.active_run() is not None
             run = mlflow.start_run(run_name=study, nested=nested)
-            mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **tags})
+            mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags})
             mlflow.log_params(dict(params))
+        abandoned.end_abandoned_in([run.info.experiment_id], by=f"study {study}")
         if _on_server():  # its runs can be watched there while the study runs
             logger.info("study %s: view it at %s", study, run_link(run))
         yield run
@@ -99,7 +101,7 @@ def attempt_run(
 
     It ends with `status`; an exception inside marks it FAILED with the error text, then propagates.
     """
-    tags = {TAG_ATTEMPT: attempt_name, TAG_RUNTIME: runtime, TAG_ROLE: ROLE_ATTEMPT}
+    tags = {TAG_ATTEMPT: attempt_name, TAG_RUNTIME: runtime, TAG_ROLE: ROLE_ATTEMPT, **process_tags()}
     if study:
         tags[TAG_STUDY] = study
     run = None

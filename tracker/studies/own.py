@@ -28,6 +28,7 @@ from tracker.measure.inputs.model_inputs import index_tables, input_specs
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Context, ModelInfo, applicable, get_entry
 from tracker.optimize.model_info import detect
+from tracker.optimize.opset import plan_note
 from tracker.report.rows import attempt_rows, pick_best
 from tracker.search import SearchConfig
 from tracker.studies.gpt2 import CHECK_QUALITY, CHECK_SAME_FUNCTION
@@ -144,6 +145,7 @@ class Plan:
         run: the registry entries to run, in registry order.
         not_run: every other entry, with the reason it does not run.
         text: the real text an LM is judged on (`--tokenizer`); None: judged on the feeds alone.
+        opset: what the entries that insert ops do about the model's opset (`optimize.opset.plan_note`), if anything.
     """
 
     feeds: dict[str, np.ndarray]
@@ -153,6 +155,7 @@ class Plan:
     run: tuple[str, ...]
     not_run: dict[str, str]
     text: TextInputs | None = None
+    opset: str | None = None
 
 
 def plan(config: OwnModelConfig) -> Plan:
@@ -196,7 +199,7 @@ def plan(config: OwnModelConfig) -> Plan:
                              else "not chosen (--attempts)"))
     info_source = detection.source if info is not None else (detection.reason or "not read")
     return Plan(feeds=feeds, feeds_source=source, info=info, info_source=str(info_source), run=run, not_run=not_run,
-                text=text)
+                text=text, opset=plan_note(model))
 
 
 def _check_attempt_name(asked: str, name: str) -> None:
@@ -265,6 +268,8 @@ def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
             else f"no transformer info: {chosen.info_source}")
     lines = [f"study {config.study_name}: {config.model} (task {config.task})",
              f"feeds ({chosen.feeds_source}): {feeds}", f"model: {info}"]
+    if chosen.opset:
+        lines.append(f"opset: {chosen.opset}")
     if config.task == "lm":
         lines.append(f"judged on: {_judged_on(config, chosen.text)}")
     lines += ["attempts:", "  baseline: runs"]

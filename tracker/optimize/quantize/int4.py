@@ -83,6 +83,7 @@ class Int4(Entry):
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
     kind = Kind.QUANTIZATION
+    inserts_ops = True
 
     @property
     def summary(self) -> str:

@@ -45,6 +45,7 @@ class Int8Dynamic(Entry):
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
     kind = Kind.TRANSFORM
+    inserts_ops = True
     summary = "ORT's optimizer at opt_level 1, then int8 MatMul weights (dynamic quantization)"
 
     def __post_init__(self) -> None:

@@ -100,6 +100,7 @@ class Int8Static(Entry):
     exclude: tuple[str, ...] = knob((), None, search=((),), short="fp32", key="nodes_to_exclude")
 
     kind = Kind.QUANTIZATION
+    inserts_ops = True
 
     @property
     def summary(self) -> str:

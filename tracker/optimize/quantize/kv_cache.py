@@ -64,6 +64,7 @@ class KVInt8(Entry):
     per_channel: bool = knob(True, (False, True), short="ch")
 
     kind = Kind.QUANTIZATION
+    inserts_ops = True
     params_prefix = "kv_cache"
 
     @property
