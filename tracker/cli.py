@@ -84,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--verbose", type=int, choices=(1, 2, 3, 4), default=2)
     i.add_argument("--node", default=None, help="evaluate only this node, on inputs from a full run")
     i.set_defaults(func=_inspect, progress=False)
+    k = sub.add_parser("cache", help="`tracker cache clear`: empty the search cache ($TRACKER_CACHE, else "
+                       "tracker-cache beside the store)")
+    k.add_argument("action", choices=("clear",))
+    k.add_argument("--dir", default="", help="the cache folder (default: where --search keeps it)")
+    k.set_defaults(func=_cache, progress=False)
     u = sub.add_parser("upload", help="log the attempts kept locally when the tracking server was unreachable")
     u.add_argument("folder", nargs="?", default=None,
                    help="the outbox folder (default: $TRACKER_OUTBOX or ./tracker-outbox)")
@@ -94,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _add_optimize_parser(sub) -> None:
     from tracker.cluster import CLUSTER_HELP
-    from tracker.experiment_args import FieldDefault, add_measure_args, add_text_args
+    from tracker.experiment_args import FieldDefault, add_measure_args, add_text_args, parse_flag
 
     o = sub.add_parser(
         "optimize", help="run every registry attempt that applies to a model, each as a run; print the comparison",
@@ -116,12 +121,13 @@ def _add_optimize_parser(sub) -> None:
     o.add_argument("--config", default="", metavar="CONFIG_JSON",
                    help="a Hugging Face config.json giving heads and hidden size (default: read from the graph)")
     o.add_argument("--name", default="", help="the study's name (default: the model file's stem)")
-    o.add_argument("--search", nargs="?", const=True, action=FieldDefault, field=(_own_class, "search"), type=_flag,
+    o.add_argument("--search", nargs="?", const=True, action=FieldDefault, field=(_own_class, "search"), type=parse_flag,
                    metavar="true|false",
                    help="search the entries' knobs, a sensitivity fallback and chains for the fastest variant that "
                         "passes --task's check: an accuracy screen, a speed screen, then the leaders in full")
     o.add_argument("--budget", default="", metavar="DURATION",
                    help="wall time of --search, e.g. 20m, 90s, 1h30m (default: no limit)")
+    o.add_argument("--fresh", action="store_true", help="--search reads nothing from its cache (`tracker cache`)")
     add_text_args(o)
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
     o.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
@@ -134,7 +140,7 @@ def _optimize(args: argparse.Namespace) -> int:
 
     from tracker.base.keys import check_experiment_name
     from tracker.compare import format_table
-    from tracker.experiment_args import measure_config, parse_dims, session_config
+    from tracker.experiment_args import measure_config, parse_dims, parse_names, session_config
     from tracker.search import parse_budget
     from tracker.studies import own
 
@@ -143,8 +149,8 @@ def _optimize(args: argparse.Namespace) -> int:
         model=Path(args.model),
         feeds=Path(args.feeds) if args.feeds else None,
         task=args.task,
-        attempts=_names(args.attempts) or None,
-        skip=_names(args.skip),
+        attempts=parse_names(args.attempts) or None,
+        skip=parse_names(args.skip),
         dims=parse_dims(args.dim),
         config_json=Path(args.config) if args.config else None,
         name=args.name or None,
@@ -152,7 +158,7 @@ def _optimize(args: argparse.Namespace) -> int:
         measure=measure_config(args),
         session=session_config(args),
         search=args.search,
-        budget_s=parse_budget(args.budget) if args.budget else None,
+        budget_s=parse_budget(args.budget) if args.budget else None, fresh=args.fresh,
         cluster=args.cluster or None,
         tokenizer=Path(args.tokenizer) if args.tokenizer else None, text=Path(args.text) if args.text else None,
         max_ppl_increase=args.max_ppl_increase,
@@ -174,17 +180,16 @@ def _optimize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _flag(text: str) -> bool:
-    """true/false (MLproject passes every parameter as a value), also yes/no and 1/0."""
-    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False, "": False}.get(
-        str(text).strip().lower())
-    if value is None:
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value
+def _cache(args: argparse.Namespace) -> int:
+    from pathlib import Path
 
+    from tracker.base.settings import cache_folder
+    from tracker.search.cache import clear
 
-def _names(text: str) -> tuple[str, ...]:
-    return tuple(n.strip() for n in text.split(",") if n.strip())
+    root = Path(args.dir) if args.dir else cache_folder()
+    entries, size = clear(root)
+    print(f"removed {entries} search cache entries ({size / 1e6:.1f} MB) from {root}")
+    return 0
 
 
 def _add_compare_parser(sub) -> None:

@@ -188,3 +188,17 @@ def parse_dims(pairs: list[str]) -> dict[str, int]:
                              "past_sequence_length=0, a decoder's first step)")
         dims[name.strip()] = int(size)
     return dims
+
+
+def parse_flag(text: str) -> bool:
+    """true/false (MLproject passes every parameter as a value), also yes/no and 1/0."""
+    value = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False, "": False}.get(
+        str(text).strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names (`--attempts a,b`), blanks dropped."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())

@@ -27,6 +27,7 @@ from tracker.measure.accuracy.lm_diff import LogitsDiff
 from tracker.measure.accuracy.text_quality import CheckedOnText
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
 from tracker.measure.costmodel.machine import MachinePeaks, measure_machine
+from tracker.measure.environment import isa_params
 from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import judge
@@ -257,6 +258,11 @@ def measure_machine_or_none() -> MachinePeaks | None:
         logger.warning("could not measure the machine's peaks (%s: %s); no roofs this study", type(e).__name__, e)
         return None
     return _MACHINES[threads]
+
+
+def machine_params(machine: MachinePeaks | None) -> dict[str, str]:
+    """The machine as a study run's params: its instruction sets (`machine.isa.*`), and its measured peaks if any."""
+    return {**isa_params(), **(machine.params() if machine else {})}
 
 
 def log_failure(study: str | None, name: str, error: BaseException, *, runtime: str,

@@ -34,6 +34,7 @@ from tracker.pipeline import (
     candidate_content,
     lineage_tags,
     log_failure,
+    machine_params,
     measure_machine_or_none,
     run_attempt,
 )
@@ -96,8 +97,7 @@ class Study:
         self.setup = setup
         self.tags = dict(setup.tags)
         self.generation = setup.generation
-        self._workdir_given = setup.workdir is not None
-        self._workdir = Path(setup.workdir) if setup.workdir is not None else None
+        self._workdir_given, self._workdir = bool(setup.workdir), Path(setup.workdir) if setup.workdir else None
         self.results: list[AttemptResult] = []
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
         self._graphs: dict[str, onnx.ModelProto] = {}  # `graph_of`
@@ -123,7 +123,7 @@ class Study:
                 self._workdir = make_work_folder(f"tracker-{self.name}-")  # a killed study's folder goes
             with self.steps.step("machine"):
                 self.machine = measure_machine_or_none()
-            params = {**self.config.params(), **(self.machine.params() if self.machine else {}), **self.params}
+            params = {**self.config.params(), **machine_params(self.machine), **self.params}
             self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
             self.run = self._run_cm.__enter__()
         except BaseException:  # `with` calls no __exit__ when __enter__ fails: undo what was set up here

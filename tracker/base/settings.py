@@ -1,4 +1,4 @@
-"""The one place that decides where runs are tracked."""
+"""The one place that decides where runs are tracked, and where the search cache lives beside them."""
 
 from __future__ import annotations
 
@@ -19,6 +19,22 @@ def resolve_tracking_uri(cwd: str | Path | None = None) -> str:
         return uri
     db = Path(cwd or os.getcwd()).resolve() / DEFAULT_DB
     return f"sqlite:///{db}"
+
+
+CACHE_ENV = "TRACKER_CACHE"
+CACHE_FOLDER = "tracker-cache"
+
+
+def cache_folder(cwd: str | Path | None = None) -> Path:
+    """The search cache's folder (`tracker.search.cache`): `$TRACKER_CACHE`, else `tracker-cache` beside a local
+    sqlite store (the database's folder), else in `cwd` (a tracking server's store is not a folder here)."""
+    chosen = os.environ.get(CACHE_ENV, "").strip()
+    if chosen:
+        return Path(chosen).expanduser().resolve()
+    uri = resolve_tracking_uri(cwd)
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///")).resolve().parent / CACHE_FOLDER
+    return Path(cwd or os.getcwd()).resolve() / CACHE_FOLDER
 
 
 SERVER_TIMEOUT_ENV = "TRACKER_SERVER_TIMEOUT_S"

@@ -32,7 +32,7 @@ from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.runtimes.runtime import get_runtime
 from tracker.measure.timing.cpu_load import watch_cpu_load
 from tracker.measure.timing.latency import Latency, TimingConfig, time_once, time_runs
-from tracker.measure.timing.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, measure_speedup
+from tracker.measure.timing.speedup import MakeRunner, Runner, Speedup, SpeedupConfig, Stop, measure_speedup
 from tracker.profile import aggregate
 from tracker.profile.parse import Profile, parse_profile
 
@@ -313,6 +313,7 @@ def time_against(
     config: SpeedupConfig,
     *,
     model: onnx.ModelProto | None = None,
+    stop: Stop | None = None,
 ) -> Speedup:
     """The speed-up of `attempt` over `baseline` on `feeds`, timed in rounds of fresh sessions
     (`tracker.measure.timing.speedup.measure_speedup`) whose threads stop spinning when a run returns.
@@ -320,8 +321,9 @@ def time_against(
     Args:
         model: `attempt`'s model as already loaded with its weights, to spare loading it again (for a
             runtime that `needs_weights`).
+        stop: racing: asked after each round with the bounds so far; a reason it returns ends the timing.
     """
-    return measure_speedup(_sessions(baseline, None, feeds), _sessions(attempt, model, feeds), config)
+    return measure_speedup(_sessions(baseline, None, feeds), _sessions(attempt, model, feeds), config, stop=stop)
 
 
 @functools.cache  # once per process and runtime

@@ -135,6 +135,8 @@ def build_search_report(result, rows: Sequence[AttemptRow], folder: str | Path, 
         f"<p>{counts['considered']} candidates considered, {counts['screened_out']} screened out, "
         f"{counts['timed']} measured in full, in {result.seconds:.0f} s ({budget}).</p>",
         "<h2>Time per stage</h2>", _frame_html(stages),
+        f"<h2>Coverage</h2><p>{_e(result.coverage_line())}</p>",
+        _frame_html(pd.DataFrame([{"family": f, **c} for f, c in result.coverage().items()])),
     ]
     tables = {"search_candidates": table}
     found = task_metric(table)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +39,9 @@ class SearchConfig:
         max_chains: chains tried (a faster fp32 graph, then the best quantization).
         knobs: the values to try per entry and knob, instead of the entry's space, e.g.
             `{"int8_dynamic": {"per_channel": (False, True), "reduce_range": (False,)}}`.
+        cache_dir: the search cache's folder (`tracker.search.cache`): checks, screens and made models of an earlier
+            search of the same model on the same machine are reused. None: no cache.
+        fresh: read nothing from the cache (what is measured is still written to it).
     """
 
     budget_s: float | None = None
@@ -47,6 +51,8 @@ class SearchConfig:
     max_fallbacks: int = 2
     max_chains: int = 2
     knobs: Mapping[str, Mapping[str, tuple]] | None = None
+    cache_dir: Path | None = None
+    fresh: bool = False
 
     def __post_init__(self) -> None:
         if self.budget_s is not None and not self.budget_s > 0:
@@ -113,10 +119,37 @@ class SearchResult:
                          "metrics": {k: float(v) for k, v in metrics.items() if v is not None and np.isfinite(v)}})
         return runs
 
+    def coverage(self) -> dict[str, dict[str, int]]:
+        """How much of the space the search reached, per family of the candidates that apply: `applied`, `checked`
+        (made and judged, or failed trying), `timed` (screened for speed), `not_reached` (the budget ran out first)."""
+        families: dict[str, dict[str, int]] = {}
+        for row in self.rows:
+            if not row.kind:  # an entry that does not apply
+                continue
+            counts = families.setdefault(row.family, dict.fromkeys(("applied", "checked", "timed", "not_reached"), 0))
+            counts["applied"] += 1
+            counts["checked"] += row.passed is not None or row.status == "failed"
+            counts["timed"] += row.screen_speedup is not None
+            counts["not_reached"] += row.status == "skipped" and row.passed is None
+        return families
+
+    def coverage_line(self) -> str:
+        """The coverage in one line: what the budget reached, and which families it left unscreened."""
+        families = self.coverage()
+        total = {k: sum(c[k] for c in families.values()) for k in ("applied", "checked", "timed", "not_reached")}
+        line = f"coverage: {total['checked']} of {total['applied']} candidates checked, {total['timed']} timed"
+        short = {f: c for f, c in families.items() if c["not_reached"]}
+        if not short:
+            return line + "; the budget reached every one"
+        return line + "; the budget did not reach " + ", ".join(
+            f"{f} ({c['not_reached']} of {c['applied']})" for f, c in sorted(short.items(), key=lambda i: -i[1]["not_reached"]))
+
     def metrics(self) -> dict[str, float]:
         metrics = {f"search.{k}": float(v) for k, v in self.counts().items()}
         metrics.update({f"search.seconds.{stage}": s for stage, s in self.stage_seconds.items()})
         metrics["search.seconds"] = self.seconds
+        coverage = self.coverage().values()
+        metrics["search.not_reached"] = float(sum(c["not_reached"] for c in coverage))
         if self.budget_s is not None:
             metrics["search.budget_s"] = self.budget_s
         return metrics
@@ -129,7 +162,7 @@ def format_search(result: SearchResult) -> str:
     budget = "no budget" if result.budget_s is None else f"budget {result.budget_s:.0f} s"
     stages = ", ".join(f"{stage} {s:.0f} s" for stage, s in result.stage_seconds.items() if s)
     lines = [f"search: {counts['considered']} candidates, {counts['screened_out']} screened out, {counts['timed']} "
-             f"measured in full; {result.seconds:.0f} s ({budget}): {stages}"]
+             f"measured in full; {result.seconds:.0f} s ({budget}): {stages}", result.coverage_line()]
     out = [r for r in result.rows if r.status != "timed"]
     if out:
         width = min(48, max(len(r.name) for r in out))

@@ -29,8 +29,11 @@ from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.attempt import Attempt
 from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.timing.speedup import Speedup
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
 from tracker.search.budget import Budget
+from tracker.search.cache import Cached, SearchCache
+from tracker.search.priors import prior_order
 from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text, screen_speed
 from tracker.search.sensitivity import Sensitivity, fallback
@@ -71,11 +74,19 @@ def run_search(
     context = Context(info=info, feeds=feeds, work=prepared or workdir / "prepared")
     search = _Search(source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
                      session, budget, full_attempt_s, text)
+    if config.cache_dir is not None and text is None:  # an LM judged on text is not cached yet
+        search.cache = SearchCache.open(Path(config.cache_dir), source=Path(source), feeds=feeds,
+                                        judged_by=repr(tolerance), session=session, fresh=config.fresh)
     try:
         search.run()
     finally:
         for folder in workdir.glob("made-*"):
             shutil.rmtree(folder, ignore_errors=True)
+    if search.cache is not None:
+        reused = search.cache.reused
+        logger.info("search cache %s: %s", search.cache.root, "nothing reused (a first search of this model here, "
+                    "or --fresh)" if not reused else f"reused {len(reused)} candidate(s): " + "; ".join(
+                        f"{name} ({what})" for name, what in reused.items()))
     return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent())
 
 
@@ -91,6 +102,9 @@ class _Search:
         self.made: dict[str, tuple[Entry, Candidate]] = {}
         self.sensitivities: list[Sensitivity] = []
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))  # seconds per stage
+        self.expected: dict[str, float] = {}  # each family's expected speed-up (`priors.prior_order`)
+        self.cache: SearchCache | None = None
+        self.cached: dict[str, Cached] = {}  # what the cache held of each candidate
 
     # -- bookkeeping
     def _row(self, entry: Entry, **fields) -> Row:
@@ -114,13 +128,17 @@ class _Search:
                                               per_entry=self.config.per_entry, knobs=self.config.knobs)
         for name, why in refused.items():
             self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
-        order = interleave(by_family(found).values())
+        mixed = interleave(by_family(found).values())
+        order, self.expected, why = prior_order(mixed, [_family(e) for e in mixed], graph)
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
+        logger.info("search order: %s", why)
         with self.stages.step("accuracy"):
             for index, entry in enumerate(order):
                 logger.info("search, accuracy %d/%d: %s", index + 1, len(order), entry.name)
                 self._make_and_check(entry, stage="accuracy")
+                if index == 1:  # two made: what the rest will cost
+                    self._forecast(len(order))
         with self.stages.step("speed_screen"):
             self._screen_all()
         with self.stages.step("fallback"):
@@ -128,10 +146,24 @@ class _Search:
             self._chains()
         self._full()
 
+    def _forecast(self, candidates: int) -> None:
+        """Logs how much of the space the budget is expected to cover, from what making and checking cost so far,
+        with the reserve kept for the full measurement of the leaders."""
+        if self.config.budget_s is None:
+            return
+        each = self.budget.expected("make", _GUESS_S["make"]) + self.budget.expected("screen", _GUESS_S["screen"])
+        reserve = self.config.max_full * self.budget.expected("full", self.full_attempt_s)
+        fits = max(0, int((self.budget.left() - reserve) / each)) + 2
+        logger.info("search, budget: ~%d of the %d candidates fit (~%.1f s each to make, check and screen; %.0f s "
+                    "kept for the full measurement of %d leaders)%s", min(fits, candidates), candidates, each, reserve,
+                    self.config.max_full, "" if fits >= candidates else ": the prior's order decides which")
+
     def _make_and_check(self, entry: Entry, *, stage: str, fallback_of: str | None = None) -> Row | None:
         if entry.name in self.by_name:
             return None
         row = self._row(entry, stage=stage, fallback_of=fallback_of)
+        if self._from_cache(entry, row):
+            return row
         if not self.budget.fits("make", _GUESS_S["make"], reserve=self._reserve("accuracy")):
             row.status, row.reason = "skipped", "not tried: the budget was kept for the later stages"
             return row
@@ -149,11 +181,32 @@ class _Search:
         row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
         row.size_bytes = _size(candidate.path)
         self.made[entry.name] = (entry, candidate)
+        if self.cache is not None:
+            self.cache.put(entry, candidate, passed=check.passed, margin=check.margin, metrics=row.diff,
+                           size_bytes=row.size_bytes)
         if not check.passed:
             row.reason = f"accuracy check failed (margin {check.margin:.3f})"
         logger.info("search: %s %s its accuracy check (margin %.3f)", entry.name,
                     "passed" if check.passed else "failed", check.margin)
         return row
+
+    def _from_cache(self, entry: Entry, row: Row) -> bool:
+        """Fills `row` from the cache's check of `entry` (and makes its cached model the candidate); False on a miss,
+        or when the model it needs is not there."""
+        hit = self.cache.get(entry) if self.cache is not None else None
+        if hit is None or (hit.candidate is None and (hit.passed or "exclude" in entry.knobs())):
+            return False
+        row.precision, row.passed, row.margin = hit.precision, hit.passed, hit.margin
+        row.params, row.diff, row.size_bytes = hit.params, hit.metrics, hit.size_bytes
+        if not hit.passed:
+            row.reason = f"accuracy check failed (margin {hit.margin:.3f})"
+        if hit.candidate is not None:
+            self.made[entry.name] = (entry, hit.candidate)
+        self.cached[entry.name] = hit
+        self.cache.reused[entry.name] = "check"  # type: ignore[union-attr]  # a hit came from it
+        logger.info("search: %s from the cache: %s its accuracy check (margin %.3f)", entry.name,
+                    "passed" if hit.passed else "failed", hit.margin)
+        return True
 
     def _check(self, candidate: Candidate) -> AccuracyCheck:
         """A made candidate judged as the study judges an attempt: on real text when it has some, else by the task's
@@ -166,22 +219,36 @@ class _Search:
     def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen") -> None:
         entry, candidate = self.made[name]
         row = self.by_name[name]
+        # Racing: it must beat the baseline, and the lower bound of the best passing candidate screened so far.
+        leader = max([r.screen_ci_low for r in self.rows if r.passed and r.screen_ci_low is not None and r is not row],
+                     default=1.0)
+        cached = self._cached_screen(name, kind, max(1.0, leader))
         try:
-            with self.budget.timing(kind):
-                found = screen_speed(candidate, self.baseline, self.feeds, session=self.session, config=config)
+            if cached is not None:
+                found, raced_out = cached
+            else:
+                with self.budget.timing(kind):
+                    found, raced_out = screen_speed(candidate, self.baseline, self.feeds, session=self.session,
+                                                    config=config, must_beat=max(1.0, leader))
+                if self.cache is not None:
+                    self.cache.put_screen(entry, kind, found, raced_out)
         except Exception as e:  # noqa: BLE001
             reraise_if_received(e)
             row.status, row.reason = "failed", f"speed screen: {type(e).__name__}: {e}"[:300]
             return
         row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
         row.stage = "speed_screen"
-        logger.info("search, speed screen: %s %.2fx [%.2f, %.2f]%s", name, found.speedup, found.ci_low,
-                    found.ci_high, "" if row.passed else " (failed its accuracy check)")
+        logger.info("search, speed screen: %s %.2fx [%.2f, %.2f]%s%s", name, found.speedup, found.ci_low,
+                    found.ci_high, "" if row.passed else " (failed its accuracy check)",
+                    f": {raced_out}" if raced_out else "")
+        if raced_out:  # it cannot win: out of the running now, not after more timing
+            row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
+            self._drop(name)
 
     def _screen_all(self) -> None:
         # Failing candidates are timed too when the fallback could rescue them: it pays only for a fast one.
         names = [n for n, (e, _) in self.made.items() if self.by_name[n].passed or "exclude" in e.knobs()]
-        for name in sorted(names, key=lambda n: not self.by_name[n].passed):
+        for name in sorted(names, key=lambda n: (not self.by_name[n].passed, -self._expected(n))):
             if not self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
                 row = self.by_name[name]
                 row.status = "skipped"
@@ -192,6 +259,25 @@ class _Search:
             row = self.by_name[name]
             if not row.passed and ("exclude" not in self.made[name][0].knobs() or row.screen_speedup is None):
                 self._drop(name)
+
+    def _cached_screen(self, name: str, kind: str, must_beat: float) -> tuple[Speedup, str | None] | None:
+        """The cache's screen of `name` of this `kind`, judged against `must_beat` now; None when it has none, or
+        when it was cut short against a leader this search has not (then it is timed again)."""
+        screen = self.cached.get(name, None)
+        figures = screen.screens.get(kind) if screen is not None else None
+        if figures is None or (figures["raced_out"] and figures["ci_high"] >= must_beat):
+            return None
+        found = Speedup(figures["speedup"], figures["ci_low"], figures["ci_high"], 0.95, int(figures["pairs"]),
+                        rounds=int(figures["rounds"]))
+        raced_out = None
+        if found.ci_high < must_beat:
+            raced_out = figures["raced_out"] or f"upper bound {found.ci_high:.2f}x < {must_beat:.2f}x"
+        self.cache.reused[name] += f", {kind}"  # type: ignore[union-attr]  # cached screens come from it
+        return found, (f"{raced_out} (cached)" if raced_out else None)
+
+    def _expected(self, name: str) -> float:
+        """The prior's expected speed-up of a made candidate's family (1.0 for one it does not hold)."""
+        return self.expected.get(_family(self.made[name][0]), 1.0)
 
     def _best_passing_screen(self) -> float:
         return max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
@@ -259,6 +345,7 @@ class _Search:
             for row in rung:
                 if self.budget.fits("long_screen", _GUESS_S["long_screen"], reserve=self._reserve("speed_screen")):
                     self._screen(row.name, LONG_SCREEN, "long_screen")
+        rung = [r for r in rung if r.name in self.made]  # less those the long screen raced out
         rung.sort(key=lambda r: -(r.screen_speedup or 0))
         top = rung[0].screen_ci_low if rung else None
         finals: list[Row] = []

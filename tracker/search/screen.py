@@ -57,11 +57,26 @@ def check_text(candidate: Candidate, text: TextCheck, *, session: SessionConfig,
 
 def screen_speed(
     candidate: Candidate, baseline: Attempt, feeds: Mapping[str, np.ndarray], *, session: SessionConfig,
-    config: SpeedupConfig = SHORT_SCREEN,
-) -> Speedup:
+    config: SpeedupConfig = SHORT_SCREEN, must_beat: float | None = None,
+) -> tuple[Speedup, str | None]:
     """A short interleaved timing of `candidate` against the baseline: a screen that ranks candidates, not the
-    calibrated speed-up of a full attempt."""
-    return time_against(_screen_attempt(candidate, session), baseline, feeds, config)
+    calibrated speed-up of a full attempt.
+
+    Racing: given `must_beat` (the leader's lower bound, at least 1.0: the baseline), the screen stops after the
+    first round whose upper bound lies below it (`speedup.bounds_so_far`). Returns the speed-up, and why it stopped
+    early (None when it ran its rounds).
+    """
+    why: list[str] = []
+
+    def stop(so_far: Speedup) -> str | None:
+        if must_beat is None or so_far.ci_high >= must_beat:
+            return None
+        behind = "1.0 (the baseline)" if must_beat <= 1.0 else f"the leader's {must_beat:.2f}x"
+        why.append(f"dropped after {so_far.pairs} pairs (upper bound {so_far.ci_high:.2f}x < {behind})")
+        return why[-1]
+
+    found = time_against(_screen_attempt(candidate, session), baseline, feeds, config, stop=stop)
+    return found, (why[-1] if why else None)
 
 
 def _screen_attempt(candidate: Candidate, session: SessionConfig) -> Attempt:

@@ -4,6 +4,7 @@ applies to it, each judged by the model's task."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ import onnx
 
 from tracker.api import Study, StudySetup
 from tracker.base.model_io import check_ort_ops, load_model
+from tracker.base.settings import cache_folder
 from tracker.cluster import Address
 from tracker.compare import Comparison
 from tracker.gpt2.text import TextInputs
@@ -21,6 +23,7 @@ from tracker.measure.accuracy.lm_diff import LOGITS_RECORDED
 from tracker.measure.accuracy.task_diff import TASKS, TaskTolerance, task_tolerances
 from tracker.measure.accuracy.text_quality import load_bounds
 from tracker.measure.attempt import MAX_ATTEMPT_NAME_LENGTH, AttemptResult, MeasureConfig, check_name
+from tracker.measure.environment import cpu_model, isa
 from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.inputs.feed_files import load_feeds
 from tracker.measure.inputs.feeds import make_feeds
@@ -64,6 +67,7 @@ class OwnModelConfig:
         session: ONNX Runtime settings of every attempt.
         search: search the entries' knobs and chains (`Study.search`) instead of running each entry once.
         budget_s: the search's wall-time budget in seconds (None: no limit).
+        fresh: the search reads nothing from its cache (`settings.cache_folder()`), and measures every candidate.
         cluster: the Ray address of a cluster to measure on (`tracker.cluster`); None measures here.
         tokenizer: a local Hugging Face tokenizer folder (task lm only): the LM is judged on real text cut with it
             (perplexity, top-1 along the text, greedy prompts) within each precision's bound; None: on the feeds'
@@ -85,6 +89,7 @@ class OwnModelConfig:
     session: SessionConfig = field(default_factory=SessionConfig)
     search: bool = False
     budget_s: float | None = None
+    fresh: bool = False
     cluster: str | None = None
     tokenizer: Path | None = None
     text: Path | None = None
@@ -104,6 +109,8 @@ class OwnModelConfig:
             get_entry(spec)  # an unknown entry, knob or value: the message lists what is allowed
         if self.budget_s is not None and not self.search:
             raise ValueError("--budget bounds a search: add --search")
+        if self.fresh and not self.search:
+            raise ValueError("--fresh makes a search ignore its cache: add --search")
         if self.budget_s is not None and not self.budget_s > 0:
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
         if self.cluster:
@@ -266,7 +273,9 @@ def format_plan(config: OwnModelConfig, chosen: Plan) -> str:
     info = (f"{chosen.info.model_type or 'transformer'}, {chosen.info.num_heads} heads, hidden size "
             f"{chosen.info.hidden_size} (from the {chosen.info_source})" if chosen.info
             else f"no transformer info: {chosen.info_source}")
+    has = [name for name, present in isa().items() if present]
     lines = [f"study {config.study_name}: {config.model} (task {config.task})",
+             f"machine: {cpu_model()}, {os.cpu_count()} cores; instruction sets: {', '.join(has) or 'none known'}",
              f"feeds ({chosen.feeds_source}): {feeds}", f"model: {info}"]
     if chosen.opset:
         lines.append(f"opset: {chosen.opset}")
@@ -338,8 +347,10 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
             return study
         if config.search:
             entries = tuple(n for n in chosen.run if n in REGISTRY)
-            study.search(Path(config.model), config=SearchConfig(budget_s=config.budget_s, entries=entries),
-                         info=chosen.info, session=config.session, tolerance=tolerances)
+            searched = SearchConfig(budget_s=config.budget_s, entries=entries, cache_dir=cache_folder(),
+                                    fresh=config.fresh)
+            study.search(Path(config.model), config=searched, info=chosen.info, session=config.session,
+                         tolerance=tolerances)
             return study
         for name in chosen.run:
             study.optimize(name, Path(config.model), info=chosen.info, session=config.session, tolerance=tolerances)

@@ -55,8 +55,15 @@ MIN_ROUNDS = 4
 # long isolated runs: effects of the process's state that every round of one measurement shares.
 SYSTEMATIC_SE = 0.005
 
+# Racing (a search's screens, `measure_speedup(stop=...)`): before the rounds give an interval (MIN_ROUNDS), how far
+# the rounds so far may be from the final estimate either way. Two sessions of one model can differ by up to ~20 %
+# (without huge pages; see tracker/measure/environment.py), so an early bound is the pairs' median ratio times or over
+# 1.3: only a candidate far behind is dropped before its interval exists.
+EARLY_SLACK = math.log(1.3)
+
 Runner = Callable[[], object]  # one inference
 MakeRunner = Callable[[], Runner]  # a fresh session (or evaluator) and its inference
+Stop = Callable[["Speedup"], "str | None"]  # racing: why to stop timing, given the bounds so far; None to go on
 
 
 @dataclass(frozen=True)
@@ -206,7 +213,8 @@ def describe(speedup: float | None, mde: float | None, verdict_: str | None) -> 
     return f"{change}: below the {floor} this measurement could detect, so no difference was found"
 
 
-def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig) -> list[Round]:
+def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig,
+                   stop: Stop | None = None) -> list[Round]:
     """Times baseline and attempt in rounds, each with freshly made sessions: `config.rounds` rounds,
     then two more at a time while `config.seconds` (wall time, from the start) lasts, up to
     `config.max_rounds`.
@@ -216,7 +224,8 @@ def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: 
     `config.block_ms` long for the faster of the two, each after `config.settle_runs` untimed calls, until
     `config.min_pairs` pairs and `config.round_seconds` are reached. A round during which other
     processes took more than `tracker.measure.timing.cpu_load.DISTURBED_LOAD` of the machine is timed again, up to
-    `config.redo_disturbed` times in all.
+    `config.redo_disturbed` times in all. Given `stop`, it is asked after each round with the bounds so far
+    (`bounds_so_far`), and a reason it returns ends the timing there (racing: a candidate that cannot win).
     """
     start = time.perf_counter()
     rounds: list[Round] = []
@@ -236,6 +245,12 @@ def time_in_rounds(make_baseline: MakeRunner, make_attempt: MakeRunner, config: 
                            100 * timed.other_load)
             continue
         rounds.append(timed)
+        if stop is not None and len(rounds) < config.max_rounds:
+            why = stop(bounds_so_far(rounds, confidence=config.confidence))
+            if why:
+                logger.info("speed-up: stopped after %d round(s), %d pairs: %s", len(rounds),
+                            sum(r.baseline_s.size for r in rounds), why)
+                break
     return rounds
 
 
@@ -325,6 +340,22 @@ def estimate_speedup(rounds: Sequence[Round], *, confidence: float = 0.95) -> Sp
     )
 
 
-def measure_speedup(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig) -> Speedup:
-    """Times the two in rounds (`time_in_rounds`) and estimates the speed-up (`estimate_speedup`)."""
-    return estimate_speedup(time_in_rounds(make_baseline, make_attempt, config), confidence=config.confidence)
+def bounds_so_far(rounds: Sequence[Round], *, confidence: float = 0.95) -> Speedup:
+    """The speed-up of the rounds timed so far, with bounds to stop on: `estimate_speedup`'s from MIN_ROUNDS rounds
+    on; before that the median of every block pair's ratio, widened by EARLY_SLACK either way (the spread between
+    sessions is not known yet, so these bounds are a screen's, not an interval)."""
+    if len(rounds) >= MIN_ROUNDS:
+        return estimate_speedup(rounds, confidence=confidence)
+    logs = np.concatenate([np.log(r.baseline_s / r.attempt_s) for r in rounds])
+    middle = float(np.median(logs))
+    return Speedup(math.exp(middle), math.exp(middle - EARLY_SLACK), math.exp(middle + EARLY_SLACK), confidence,
+                   pairs=int(logs.size), rounds=len(rounds), mde=math.expm1(EARLY_SLACK),
+                   calls_per_block=max(r.calls_per_block for r in rounds),
+                   other_load=max(r.other_load for r in rounds), disturbed_rounds=sum(r.disturbed for r in rounds))
+
+
+def measure_speedup(make_baseline: MakeRunner, make_attempt: MakeRunner, config: SpeedupConfig, *,
+                    stop: Stop | None = None) -> Speedup:
+    """Times the two in rounds (`time_in_rounds`) and estimates the speed-up (`estimate_speedup`); stopped early by
+    `stop`, the bounds of the rounds it got (`bounds_so_far`)."""
+    return bounds_so_far(time_in_rounds(make_baseline, make_attempt, config, stop=stop), confidence=config.confidence)

@@ -1,0 +1,141 @@
+"""The search cache (issue 33, item 4), on real sessions and a real sqlite store: a second search of the same model
+reuses every check and screen and says so; one weight changed is a miss; a corrupted entry is ignored with a warning;
+a folder that cannot be written leaves the search without a cache; `--fresh` needs `--search`; `tracker cache clear`
+empties it."""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.conftest import FAST_SPEEDUP
+from tests.search.conftest import make_sensitive_mlp
+from tracker.api import Study
+from tracker.cli import main
+from tracker.measure.accuracy.task_diff import task_tolerances
+from tracker.measure.attempt import MeasureConfig
+from tracker.measure.timing.latency import TimingConfig
+from tracker.search import SearchConfig
+
+pytestmark = pytest.mark.slow
+
+FAST = MeasureConfig(profile_runs=3, skip_runs=1, timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
+                     speedup=FAST_SPEEDUP)
+SPACE = {"int8_dynamic": {"per_channel": (False, True), "reduce_range": (False,), "weight_type": ("QInt8",),
+                          "op_types": ("all",)}}
+
+
+def _search(store, path: Path, feeds, cache: Path, name: str, *, fresh: bool = False):
+    config = SearchConfig(entries=("int8_dynamic",), knobs=SPACE, max_full=1, max_fallbacks=0, max_chains=0,
+                          cache_dir=cache, fresh=fresh)
+    with Study(name, feeds=feeds, config=FAST, experiment="cached", log_models=False) as study:
+        return study.search(path, tolerance=task_tolerances("regression"), config=config)
+
+
+@pytest.fixture
+def mlp(tmp_path):
+    """The search tests' MLP without its planted weight: its int8 variants pass the regression check."""
+    model = make_sensitive_mlp()
+    w2 = next(t for t in model.graph.initializer if t.name == "W2")
+    clean = numpy_helper.to_array(w2).copy()
+    clean[0, 0] = 0.1
+    w2.CopyFrom(numpy_helper.from_array(clean, "W2"))
+    path = tmp_path / "mlp.onnx"
+    onnx.save_model(model, str(path))
+    feeds = {"X": np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)}
+    return path, feeds
+
+
+def _reused(text: str) -> list[str]:
+    return re.findall(r"search: (\S+) from the cache", text)
+
+
+def test_a_second_search_reuses_each_check_and_screen_and_says_so(store, mlp, tmp_path, caplog):
+    path, feeds = mlp
+    caplog.set_level(logging.INFO, logger="tracker")
+    first = _search(store, path, feeds, tmp_path / "cache", "first")
+    assert "nothing reused" in caplog.text
+    checked = sorted(r.name for r in first.rows if r.passed is not None)
+    caplog.clear()
+
+    second = _search(store, path, feeds, tmp_path / "cache", "second")
+
+    assert sorted(_reused(caplog.text)) == checked
+    assert f"search cache {tmp_path / 'cache'}: reused {len(checked)} candidate(s)" in caplog.text
+    assert ", screen" in caplog.text, "the screens' figures are reused too"
+    by_name = {r.name: r for r in first.rows}
+    for row in second.rows:
+        if row.name in checked and row.screen_speedup is not None and row.stage == "speed_screen":
+            assert row.passed == by_name[row.name].passed
+    assert {r.status for r in second.rows} >= {"timed"}, "the leader is measured in full again"
+
+
+def test_one_weight_changed_is_a_miss(store, mlp, tmp_path, caplog):
+    path, feeds = mlp
+    _search(store, path, feeds, tmp_path / "cache", "first")
+    model = onnx.load(str(path))
+    weight = numpy_helper.to_array(model.graph.initializer[0]).copy()
+    weight[1, 1] += 0.5
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(weight, model.graph.initializer[0].name))
+    changed = tmp_path / "changed.onnx"
+    onnx.save(model, str(changed))
+    caplog.set_level(logging.INFO, logger="tracker")
+
+    _search(store, changed, feeds, tmp_path / "cache", "changed")
+
+    assert _reused(caplog.text) == [] and "nothing reused" in caplog.text
+
+
+def test_a_corrupted_entry_is_ignored_with_a_warning_and_measured_again(store, mlp, tmp_path, caplog):
+    path, feeds = mlp
+    _search(store, path, feeds, tmp_path / "cache", "first")
+    entries = sorted((tmp_path / "cache").glob("*/entry.json"))
+    assert len(entries) >= 2
+    entries[0].write_text('{"format": 1, "entry": "int8_dynamic", "pass')  # cut off mid-write
+    caplog.set_level(logging.INFO, logger="tracker")
+
+    _search(store, path, feeds, tmp_path / "cache", "again")
+
+    assert len(_reused(caplog.text)) == len(entries) - 1
+    warning = next(r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage())
+    assert f"in {entries[0].parent} cannot be read (JSONDecodeError" in warning and "measured again" in warning
+
+
+def test_a_cache_folder_that_cannot_be_written_leaves_the_search_without_it(store, mlp, tmp_path, caplog):
+    path, feeds = mlp
+    (tmp_path / "a-file").write_text("not a folder")
+    caplog.set_level(logging.WARNING, logger="tracker")
+
+    result = _search(store, path, feeds, tmp_path / "a-file" / "cache", "uncached")
+
+    assert any(r.status == "timed" for r in result.rows)
+    lines = [r.getMessage() for r in caplog.records if "search cache" in r.getMessage()]
+    assert len(lines) == 1 and "cannot be written" in lines[0] and "searching without the cache" in lines[0]
+
+
+def test_fresh_without_search_is_one_line_and_exit_2(tmp_path, capsys):
+    onnx.save_model(make_sensitive_mlp(width=64), str(tmp_path / "mlp.onnx"))
+
+    code = main(["optimize", str(tmp_path / "mlp.onnx"), "--fresh", "--dry-run"])
+
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == "error: --fresh makes a search ignore its cache: add --search"
+
+
+def test_cache_clear_empties_the_folder(tmp_path, capsys, monkeypatch):
+    cache = tmp_path / "cache"
+    for key in ("a", "b"):
+        (cache / key / "model").mkdir(parents=True)
+        (cache / key / "model" / "m.onnx").write_bytes(b"0" * 1000)
+    monkeypatch.setenv("TRACKER_CACHE", str(cache))
+
+    assert main(["cache", "clear"]) == 0
+
+    assert capsys.readouterr().out.strip() == f"removed 2 search cache entries (0.0 MB) from {cache}"
+    assert not list(cache.iterdir())

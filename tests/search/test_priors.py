@@ -1,0 +1,131 @@
+"""The search's order before anything is timed (issue 33, item 1): each family by its expected speed-up on this
+machine's instruction sets and this model's op mix, from `priors.toml`; the log says why."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tracker.measure.environment import ISA_FLAGS
+from tracker.optimize import REGISTRY, Context
+from tracker.search.priors import PRIORS_FILE, load_priors, op_mix, prior_order
+from tracker.search.run import _family
+from tracker.search.space import by_family, candidates, interleave
+
+ROOT = Path(__file__).resolve().parents[2]
+VNNI = {name: name in ("avx2", "avx512", "avx512_vnni") for name in ISA_FLAGS}
+AVX2 = {name: name == "avx2" for name in ISA_FLAGS}
+
+
+def _cnn() -> onnx.ModelProto:
+    """A convolution, then a small classifier head: most weights are the convolution's."""
+    rng = np.random.default_rng(0)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    head = numpy_helper.from_array(rng.standard_normal((8, 4)).astype(np.float32), "head")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["p"]), helper.make_node("Flatten", ["p"], ["f"]),
+             helper.make_node("MatMul", ["f", "head"], ["y"])]
+    graph = helper.make_graph(nodes, "cnn", [x], [y], [w, head])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _mlp() -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 16])
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mlp", [x], [y], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _ordered(model: onnx.ModelProto, flags) -> tuple[list[str], str]:
+    found, _ = candidates(model, Context(feeds={}))
+    mixed = interleave(by_family(found).values())
+    ordered, _, why = prior_order(mixed, [_family(e) for e in mixed], model, flags=flags)
+    return [_family(e) for e in ordered], why
+
+
+def test_on_a_vnni_machine_a_cnn_tries_static_int8_first_and_dynamic_int8_last():
+    families, why = _ordered(_cnn(), VNNI)
+    assert families[0] == "Int8Static" and families[-1] == "Int8Dynamic"
+    first_other = next(i for i, f in enumerate(families) if f != "Int8Static")
+    assert set(families[first_other:-sum(f == "Int8Dynamic" for f in families)]) - {"Int8Static"}, \
+        "the families without a prior come between, at 1.00x"
+    assert "Int8Static" not in families[first_other:], "every static variant comes before the rest"
+    assert why.startswith("by the prior for avx512_vnni, conv (") and "Int8Static 3.20x, Int8Dynamic 0.50x" in why
+
+
+def test_a_matmul_model_on_an_avx2_machine_tries_dynamic_int8_first():
+    families, why = _ordered(_mlp(), AVX2)
+    assert families[0] == "Int8Dynamic"
+    assert why.startswith("by the prior for avx2, matmul") and "Int8Dynamic 1.32x" in why
+
+
+def test_a_machine_without_a_prior_keeps_the_families_in_turn():
+    found, _ = candidates(_cnn(), Context(feeds={}))
+    mixed = interleave(by_family(found).values())
+    none = {name: False for name in ISA_FLAGS}
+
+    ordered, _, why = prior_order(mixed, [_family(e) for e in mixed], _cnn(), flags=none)
+
+    assert [e.name for e in ordered] == [e.name for e in mixed]
+    assert why.startswith("no prior for this machine (none known) and op mix (conv)")
+
+
+def test_op_mix_is_where_most_weights_are_read():
+    assert op_mix(_cnn()) == "conv" and op_mix(_mlp()) == "matmul"
+    relu = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    assert op_mix(helper.make_model(relu)) is None
+
+
+def test_every_prior_names_a_real_family_and_has_its_measurement_in_the_docs():
+    families = {_family(e) for e in REGISTRY.values()}
+    docs = (ROOT / "docs" / "search.md").read_text()
+    rows = [line for line in docs.splitlines() if line.startswith("| `")]
+    for name, mixes in load_priors().table.items():
+        for mix, table in mixes.items():
+            for family, value in table.items():
+                assert family in families, f"{family} in {PRIORS_FILE} is no family of the registry"
+                assert any(f"`{name}`" in r and f"`{mix}`" in r and f"`{family}`" in r and f"{value:g}x" in r
+                           for r in rows), f"docs/search.md has no row for {name}, {mix}, {family} = {value:g}x"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[avx9000.conv]\nInt8Static = 2.0\n", "unknown instruction set 'avx9000'; known: avx2, avx512, avx512_vnni"),
+    ("[avx2.attention]\nInt8Static = 2.0\n", "[avx2.attention] is not a table of an op mix; expected one of conv"),
+    ("[avx2.conv]\nInt8Static = -1\n", "[avx2.conv] Int8Static = -1; expected a speed-up above 0"),
+    ("[avx2.conv\n", "cannot read the search priors"),
+])
+def test_a_bad_priors_file_is_one_line_naming_what_is_known(tmp_path, text, message):
+    path = tmp_path / "priors.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        load_priors(path)
+    assert "\n" not in str(raised.value).strip()
+
+
+def test_coverage_counts_per_family_what_the_budget_reached():
+    from tracker.search.result import Row, SearchResult
+
+    rows = [Row("int8_static_minmax", "Int8Static", "quantization", passed=True, screen_speedup=3.0),
+            Row("int8_static_minmax.pc", "Int8Static", "quantization", passed=False),
+            Row("int8_dynamic", "Int8Dynamic", "transform", status="failed", reason="ValueError: x"),
+            Row("int8_dynamic.pc", "Int8Dynamic", "transform", status="skipped", reason="not tried: the budget"),
+            Row("int8_dynamic.rr", "Int8Dynamic", "transform", status="skipped", reason="not tried: the budget"),
+            Row("attention_fused", "attention_fused", "", reason="does not apply: no attention")]
+    result = SearchResult(rows, [], {}, 60.0)
+
+    assert result.coverage() == {
+        "Int8Static": {"applied": 2, "checked": 2, "timed": 1, "not_reached": 0},
+        "Int8Dynamic": {"applied": 3, "checked": 1, "timed": 0, "not_reached": 2}}
+    assert result.coverage_line() == ("coverage: 3 of 5 candidates checked, 1 timed; the budget did not reach "
+                                      "Int8Dynamic (2 of 3)")
+    assert result.metrics()["search.not_reached"] == 2.0
