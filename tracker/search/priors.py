@@ -32,8 +32,9 @@ class Priors:
     def for_machine(self, flags: Mapping[str, bool], op_mix: str | None) -> tuple[str | None, dict[str, float]]:
         """(the instruction set whose table applies, that table for `op_mix`); (None, {}) when none does."""
         for name in _PREFERENCE:
-            if flags.get(name) and op_mix in self.table.get(name, {}):
-                return name, dict(self.table[name][op_mix])
+            tables = self.table.get(name, {})
+            if flags.get(name) and op_mix is not None and op_mix in tables:
+                return name, dict(tables[op_mix])
         return None, {}
 
 
