@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
-from tests.conftest import FAST_SPEEDUP
+from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
 from tests.search.conftest import make_sensitive_mlp
 from tracker.api import Study
 from tracker.cli import main
@@ -38,18 +40,32 @@ def _search(store, path: Path, feeds, cache: Path, name: str, *, fresh: bool = F
         return study.search(path, tolerance=task_tolerances("regression"), config=config)
 
 
-@pytest.fixture
-def mlp(tmp_path):
-    """The search tests' MLP without its planted weight: its int8 variants pass the regression check."""
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """The search tests' MLP without its planted weight (its int8 variants pass the regression check), and a cache
+    a first search of it filled: (model file, feeds, that cache, the first search's result)."""
+    folder = tmp_path_factory.mktemp("cached-mlp")
     model = make_sensitive_mlp()
     w2 = next(t for t in model.graph.initializer if t.name == "W2")
     clean = numpy_helper.to_array(w2).copy()
     clean[0, 0] = 0.1
     w2.CopyFrom(numpy_helper.from_array(clean, "W2"))
-    path = tmp_path / "mlp.onnx"
+    path = folder / "mlp.onnx"
     onnx.save_model(model, str(path))
     feeds = {"X": np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)}
-    return path, feeds
+    with pytest.MonkeyPatch.context() as patch:
+        uri = seed_sqlite_store(folder / "mlflow.db", tmp_path_factory)
+        patch.setenv("MLFLOW_TRACKING_URI", uri)
+        patch.setenv("TRACKER_OUTBOX", str(folder / "outbox"))
+        patch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+        first = _search(None, path, feeds, folder / "cache", "first")
+    return path, feeds, folder / "cache", first
+
+
+def _copy(cache: Path, tmp_path: Path) -> Path:
+    """A test's own copy of the filled cache."""
+    shutil.copytree(cache, tmp_path / "cache")
+    return tmp_path / "cache"
 
 
 def _reused(text: str) -> list[str]:
@@ -57,14 +73,11 @@ def _reused(text: str) -> list[str]:
 
 
 def test_a_second_search_reuses_each_check_and_screen_and_says_so(store, mlp, tmp_path, caplog):
-    path, feeds = mlp
-    caplog.set_level(logging.INFO, logger="tracker")
-    first = _search(store, path, feeds, tmp_path / "cache", "first")
-    assert "nothing reused" in caplog.text
+    path, feeds, filled, first = mlp
     checked = sorted(r.name for r in first.rows if r.passed is not None)
-    caplog.clear()
+    caplog.set_level(logging.INFO, logger="tracker")
 
-    second = _search(store, path, feeds, tmp_path / "cache", "second")
+    second = _search(store, path, feeds, _copy(filled, tmp_path), "second")
 
     assert sorted(_reused(caplog.text)) == checked
     assert f"search cache {tmp_path / 'cache'}: reused {len(checked)} candidate(s)" in caplog.text
@@ -77,8 +90,8 @@ def test_a_second_search_reuses_each_check_and_screen_and_says_so(store, mlp, tm
 
 
 def test_one_weight_changed_is_a_miss(store, mlp, tmp_path, caplog):
-    path, feeds = mlp
-    _search(store, path, feeds, tmp_path / "cache", "first")
+    path, feeds, filled, _ = mlp
+    cache = _copy(filled, tmp_path)
     model = onnx.load(str(path))
     weight = numpy_helper.to_array(model.graph.initializer[0]).copy()
     weight[1, 1] += 0.5
@@ -87,20 +100,20 @@ def test_one_weight_changed_is_a_miss(store, mlp, tmp_path, caplog):
     onnx.save(model, str(changed))
     caplog.set_level(logging.INFO, logger="tracker")
 
-    _search(store, changed, feeds, tmp_path / "cache", "changed")
+    _search(store, changed, feeds, cache, "changed")
 
     assert _reused(caplog.text) == [] and "nothing reused" in caplog.text
 
 
 def test_a_corrupted_entry_is_ignored_with_a_warning_and_measured_again(store, mlp, tmp_path, caplog):
-    path, feeds = mlp
-    _search(store, path, feeds, tmp_path / "cache", "first")
-    entries = sorted((tmp_path / "cache").glob("*/entry.json"))
+    path, feeds, filled, _ = mlp
+    cache = _copy(filled, tmp_path)
+    entries = sorted(cache.glob("*/entry.json"))
     assert len(entries) >= 2
     entries[0].write_text('{"format": 1, "entry": "int8_dynamic", "pass')  # cut off mid-write
     caplog.set_level(logging.INFO, logger="tracker")
 
-    _search(store, path, feeds, tmp_path / "cache", "again")
+    _search(store, path, feeds, cache, "again")
 
     assert len(_reused(caplog.text)) == len(entries) - 1
     warning = next(r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage())
@@ -108,7 +121,7 @@ def test_a_corrupted_entry_is_ignored_with_a_warning_and_measured_again(store, m
 
 
 def test_a_cache_folder_that_cannot_be_written_leaves_the_search_without_it(store, mlp, tmp_path, caplog):
-    path, feeds = mlp
+    path, feeds, _, _ = mlp
     (tmp_path / "a-file").write_text("not a folder")
     caplog.set_level(logging.WARNING, logger="tracker")
 
