@@ -26,7 +26,8 @@ from tracker.api import Study
 from tracker.measure.accuracy.task_diff import task_tolerances
 from tracker.measure.inputs.feeds import make_feeds
 from tracker.optimize.model_info import detect
-from tracker.report.rows import pick_best, rows_from_results
+from tracker.report.rows import pick_best
+from tracker.run.content import rows_from_results
 from tracker.search import SearchConfig
 from tracker.search.space import candidates
 

@@ -99,6 +99,7 @@ OPTIMIZE = {
     "seed": Source(OwnModelConfig, "seed"),
     "search": Source(OwnModelConfig, "search"),
     "budget": Source(OwnModelConfig, "budget_s"),
+    "fresh": Source(OwnModelConfig, "fresh"),
     "cluster": Source(OwnModelConfig, "cluster"),
     "tokenizer": Source(OwnModelConfig, "tokenizer"),
     "text": Source(OwnModelConfig, "text"),

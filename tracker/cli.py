@@ -127,7 +127,8 @@ def _add_optimize_parser(sub) -> None:
                         "passes --task's check: an accuracy screen, a speed screen, then the leaders in full")
     o.add_argument("--budget", default="", metavar="DURATION",
                    help="wall time of --search, e.g. 20m, 90s, 1h30m (default: no limit)")
-    o.add_argument("--fresh", action="store_true", help="--search reads nothing from its cache (`tracker cache`)")
+    o.add_argument("--fresh", nargs="?", const=True, default=False, type=parse_flag, metavar="true|false",
+                   help="--search reads nothing from its cache (`tracker cache`)")
     add_text_args(o)
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
     o.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)

@@ -34,7 +34,7 @@ SPACE = {"int8_dynamic": {"per_channel": (False, True), "reduce_range": (False,)
 
 
 def _search(store, path: Path, feeds, cache: Path, name: str, *, fresh: bool = False):
-    config = SearchConfig(entries=("int8_dynamic",), knobs=SPACE, max_full=1, max_fallbacks=0, max_chains=0,
+    config = SearchConfig(entries=("int8_dynamic", "ort_threads_1"), knobs=SPACE, max_full=1, max_fallbacks=0, max_chains=0,
                           cache_dir=cache, fresh=fresh)
     with Study(name, feeds=feeds, config=FAST, experiment="cached", log_models=False) as study:
         return study.search(path, tolerance=task_tolerances("regression"), config=config)
@@ -79,7 +79,8 @@ def test_a_second_search_reuses_each_check_and_screen_and_says_so(store, mlp, tm
 
     second = _search(store, path, feeds, _copy(filled, tmp_path), "second")
 
-    assert sorted(_reused(caplog.text)) == checked
+    assert sorted(_reused(caplog.text)) == checked and "ort_threads_1" in checked
+    assert not list((tmp_path / "cache").rglob("mlp.onnx")), "a session entry's model is the source: not copied"
     assert f"search cache {tmp_path / 'cache'}: reused {len(checked)} candidate(s)" in caplog.text
     assert ", screen" in caplog.text, "the screens' figures are reused too"
     by_name = {r.name: r for r in first.rows}

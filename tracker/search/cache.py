@@ -58,6 +58,7 @@ class SearchCache:
 
     root: Path
     context: str
+    source: Path  # the searched model: a session entry's candidate runs it as it is
     max_bytes: int = MAX_BYTES
     fresh: bool = False  # write what is measured, read nothing
     reused: dict[str, str] = field(default_factory=dict)  # candidate -> what was reused, for the log
@@ -83,7 +84,7 @@ class SearchCache:
                  "tracker": _version(), "cpu": cpu_model(), "cores": str(os.cpu_count()),
                  "isa": ",".join(name for name, has in isa().items() if has)}
         context = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-        return cls(root, context, max_bytes=max_bytes, fresh=fresh)
+        return cls(root, context, Path(source), max_bytes=max_bytes, fresh=fresh)
 
     def _folder(self, entry: Entry) -> Path:
         steps = entry.steps if isinstance(entry, Chain) else (entry,)
@@ -103,7 +104,7 @@ class SearchCache:
             made = data.get("candidate")
             candidate = None
             if made is not None:
-                path = folder / "model" / made["file"]
+                path = self.source if made["file"] is None else folder / "model" / made["file"]
                 if not path.is_file():
                     raise ValueError(f"its model {path.name} is missing")
                 candidate = Candidate(path=path, applied=bool(made["applied"]), fusions=dict(made["fusions"]),
@@ -130,12 +131,14 @@ class SearchCache:
                 "candidate": None, "screens": {}, "written": time.time()}
         # The model of one that passed, or that the sensitivity fallback may rescue (it is screened for that).
         keep_model = (passed or "exclude" in entry.knobs()) and not candidate.new_ops and candidate.path.is_file()
+        # A session entry's candidate is the searched model itself: nothing to copy (only what the entry made is).
+        runs_source = candidate.path.resolve() == self.source.resolve()
         if keep_model:
-            data["candidate"] = {"file": candidate.path.name, "applied": candidate.applied,
+            data["candidate"] = {"file": None if runs_source else candidate.path.name, "applied": candidate.applied,
                                  "fusions": candidate.fusions, "fully_optimized": candidate.fully_optimized,
                                  "precision": candidate.precision, "notes": list(candidate.notes),
                                  "params": candidate.params, "session": dict(candidate.session)}
-        self._write(entry, data, model_dir=candidate.path.parent if keep_model else None)
+        self._write(entry, data, model_dir=candidate.path.parent if keep_model and not runs_source else None)
 
     def put_screen(self, entry: Entry, kind: str, found: Speedup, raced_out: str | None) -> None:
         """Adds a speed screen's figures to `entry`'s cached check (rewriting its `entry.json` whole)."""
@@ -153,6 +156,10 @@ class SearchCache:
     def _write(self, entry: Entry, data: dict, *, model_dir: Path | None) -> None:
         folder = self._folder(entry)
         partial = self.root / f".partial-{folder.name}-{os.getpid()}"
+        if model_dir is not None and self.root.resolve().is_relative_to(model_dir.resolve()):
+            logger.warning("search cache: %s's model lies in %s, which holds the cache: not kept", entry.name,
+                           model_dir)
+            return
         try:
             shutil.rmtree(partial, ignore_errors=True)
             if model_dir is not None:

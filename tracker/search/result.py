@@ -121,7 +121,8 @@ class SearchResult:
 
     def coverage(self) -> dict[str, dict[str, int]]:
         """How much of the space the search reached, per family of the candidates that apply: `applied`, `checked`
-        (made and judged, or failed trying), `timed` (screened for speed), `not_reached` (the budget ran out first)."""
+        (made and judged, or failed trying), `timed` (screened for speed), `not_reached` (the budget ran out before it
+        was made, or timed)."""
         families: dict[str, dict[str, int]] = {}
         for row in self.rows:
             if not row.kind:  # an entry that does not apply
@@ -130,7 +131,7 @@ class SearchResult:
             counts["applied"] += 1
             counts["checked"] += row.passed is not None or row.status == "failed"
             counts["timed"] += row.screen_speedup is not None
-            counts["not_reached"] += row.status == "skipped" and row.passed is None
+            counts["not_reached"] += row.status == "skipped"  # not made, or made and not timed
         return families
 
     def coverage_line(self) -> str:

@@ -84,9 +84,10 @@ def run_search(
             shutil.rmtree(folder, ignore_errors=True)
     if search.cache is not None:
         reused = search.cache.reused
+        named = "; ".join(f"{name} ({what})" for name, what in list(reused.items())[:5])
         logger.info("search cache %s: %s", search.cache.root, "nothing reused (a first search of this model here, "
-                    "or --fresh)" if not reused else f"reused {len(reused)} candidate(s): " + "; ".join(
-                        f"{name} ({what})" for name, what in reused.items()))
+                    "or --fresh)" if not reused else f"reused {len(reused)} candidate(s): {named}"
+                    + (f"; and {len(reused) - 5} more" if len(reused) > 5 else ""))
     return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent())
 
 
@@ -133,14 +134,19 @@ class _Search:
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
         logger.info("search order: %s", why)
-        with self.stages.step("accuracy"):
-            for index, entry in enumerate(order):
-                logger.info("search, accuracy %d/%d: %s", index + 1, len(order), entry.name)
-                self._make_and_check(entry, stage="accuracy")
-                if index == 1:  # two made: what the rest will cost
-                    self._forecast(len(order))
-        with self.stages.step("speed_screen"):
-            self._screen_all()
+        # Each candidate is screened as soon as it is checked, in the prior's order: the leader is known early, and
+        # a candidate that cannot beat it is dropped after its first round (racing).
+        for index, entry in enumerate(order):
+            logger.info("search, accuracy %d/%d: %s", index + 1, len(order), entry.name)
+            with self.stages.step("accuracy"):
+                row = self._make_and_check(entry, stage="accuracy")
+            if index == 1:  # two made: what the rest will cost
+                self._forecast(len(order))
+            # Failing candidates are timed too when the fallback could rescue them: it pays only for a fast one.
+            if row is not None and entry.name in self.made and (row.passed or "exclude" in entry.knobs()):
+                with self.stages.step("speed_screen"):
+                    self._screen_if_it_fits(entry.name)
+        self._drop_unrescuable()
         with self.stages.step("fallback"):
             self._fallbacks()
             self._chains()
@@ -245,16 +251,15 @@ class _Search:
             row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
             self._drop(name)
 
-    def _screen_all(self) -> None:
-        # Failing candidates are timed too when the fallback could rescue them: it pays only for a fast one.
-        names = [n for n, (e, _) in self.made.items() if self.by_name[n].passed or "exclude" in e.knobs()]
-        for name in sorted(names, key=lambda n: (not self.by_name[n].passed, -self._expected(n))):
-            if not self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
-                row = self.by_name[name]
-                row.status = "skipped"
-                row.reason = (row.reason + "; " if row.reason else "") + "not timed: the budget ran out"
-                continue
+    def _screen_if_it_fits(self, name: str) -> None:
+        if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
             self._screen(name)
+            return
+        row = self.by_name[name]
+        row.status = "skipped"
+        row.reason = (row.reason + "; " if row.reason else "") + "not timed: the budget ran out"
+
+    def _drop_unrescuable(self) -> None:
         for name in list(self.made):  # a failing candidate the fallback cannot rescue, or that was not timed
             row = self.by_name[name]
             if not row.passed and ("exclude" not in self.made[name][0].knobs() or row.screen_speedup is None):
@@ -274,10 +279,6 @@ class _Search:
             raced_out = figures["raced_out"] or f"upper bound {found.ci_high:.2f}x < {must_beat:.2f}x"
         self.cache.reused[name] += f", {kind}"  # type: ignore[union-attr]  # cached screens come from it
         return found, (f"{raced_out} (cached)" if raced_out else None)
-
-    def _expected(self, name: str) -> float:
-        """The prior's expected speed-up of a made candidate's family (1.0 for one it does not hold)."""
-        return self.expected.get(_family(self.made[name][0]), 1.0)
 
     def _best_passing_screen(self) -> float:
         return max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
