@@ -6,6 +6,7 @@ empties it."""
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -58,6 +59,10 @@ def mlp(tmp_path_factory):
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         patch.setenv("TRACKER_OUTBOX", str(folder / "outbox"))
         patch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+        # mlflow.set_experiment exports the experiment's id; MLflow keeps the URI: neither may outlive this fixture.
+        patch.setenv("MLFLOW_EXPERIMENT_ID", os.environ.get("MLFLOW_EXPERIMENT_ID", ""))
+        patch.delenv("MLFLOW_EXPERIMENT_ID")
+        patch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
         first = _search(None, path, feeds, folder / "cache", "first")
     return path, feeds, folder / "cache", first
 

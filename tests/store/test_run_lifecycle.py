@@ -11,6 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import mlflow
 import numpy as np
 import onnx
 import pytest
@@ -37,6 +38,10 @@ def store(tmp_path, monkeypatch, tmp_path_factory) -> str:
     uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
+    # MLflow's own settings win over the variables: an earlier test's store must not be the one used here.
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    mlflow.set_tracking_uri(uri)
     monkeypatch.chdir(tmp_path)  # the Default experiment's artifacts (./mlruns) land here
     return uri
 
