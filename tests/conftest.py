@@ -86,6 +86,19 @@ def seed_sqlite_store(db: Path, tmp_path_factory: pytest.TempPathFactory) -> str
     return f"sqlite:///{db}"
 
 
+def use_sqlite_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Makes a new sqlite store in `tmp_path` this test's only one (the variable, and MLflow's own URI and experiment,
+    which win over it), its outbox `tmp_path/outbox`, and `tmp_path` the working folder; its tracking URI."""
+    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    mlflow.set_tracking_uri(uri)
+    monkeypatch.chdir(tmp_path)  # the Default experiment's artifacts (./mlruns) land here
+    return uri
+
+
 def new_sqlite_store(tmp_path_factory: pytest.TempPathFactory, experiment: str) -> tuple[Path, str, str]:
     """A new sqlite tracking store holding one experiment: (its folder, tracking URI, experiment id).
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
+from tests.conftest import FAST_SPEEDUP, use_sqlite_store
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.base.files import WORK_MARKER, make_work_folder, process_gone, this_process
 from tracker.base.keys import TAG_HOST, TAG_KILLED, TAG_PID, TAG_PID_STARTED
@@ -57,15 +57,7 @@ _KILLED_STUDY = textwrap.dedent("""
 
 @pytest.fixture
 def store(tmp_path, monkeypatch, tmp_path_factory) -> str:
-    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
-    # MLflow's own settings win over the variables: an earlier test's store must not be the one used here.
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    mlflow.set_tracking_uri(uri)
-    monkeypatch.chdir(tmp_path)
-    return uri
+    return use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
 
 
 @pytest.fixture

@@ -11,13 +11,12 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import onnx
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
+from tests.conftest import FAST_SPEEDUP, use_sqlite_store
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.base.files import no_space_note
 from tracker.base.keys import TAG_BEST, TAG_ROLE
@@ -35,15 +34,7 @@ FEEDS = {"X": np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32
 
 @pytest.fixture
 def store(tmp_path, monkeypatch, tmp_path_factory) -> str:
-    uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
-    # MLflow's own settings win over the variables: an earlier test's store must not be the one used here.
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    mlflow.set_tracking_uri(uri)
-    monkeypatch.chdir(tmp_path)  # the Default experiment's artifacts (./mlruns) land here
-    return uri
+    return use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
 
 
 def _sql(tmp_path: Path, statement: str) -> None:

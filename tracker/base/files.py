@@ -98,7 +98,7 @@ def this_process() -> dict[str, str]:
     """This process as its runs and work folders record it: its host's name, its pid, and when it started (seconds
     after boot, which a clock change does not move)."""
     process = psutil.Process()
-    return {"host": socket.gethostname(), "pid": str(process.pid), "started_s": f"{_started_s(process):.2f}"}
+    return {"host": socket.gethostname(), "pid": str(process.pid), "started_s": f"{started_s(process):.2f}"}
 
 
 def process_gone(owner: Mapping[str, str]) -> bool:
@@ -108,18 +108,19 @@ def process_gone(owner: Mapping[str, str]) -> bool:
     if owner.get("host") != socket.gethostname():
         return False
     try:
-        pid, started_s = int(owner["pid"]), float(owner["started_s"])
+        pid, recorded_s = int(owner["pid"]), float(owner["started_s"])
     except (KeyError, TypeError, ValueError):
         return False
     try:
-        return abs(_started_s(psutil.Process(pid)) - started_s) > _SAME_START_S
+        return abs(started_s(psutil.Process(pid)) - recorded_s) > _SAME_START_S
     except psutil.NoSuchProcess:
         return True
     except psutil.AccessDenied:
         return False
 
 
-def _started_s(process: psutil.Process) -> float:
+def started_s(process: psutil.Process) -> float:
+    """When `process` started, in seconds after boot: /proc's start time, whatever the wall clock did since."""
     return process.create_time() - psutil.boot_time()
 
 

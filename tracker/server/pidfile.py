@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from tracker.base.files import started_s
 from tracker.server.common import LocalServerError
 
 # /proc counts start times in clock ticks (1/100 s); their conversion to seconds may differ in the last bits.
@@ -26,7 +27,7 @@ class StalePidFile(LocalServerError):
 
 def write_pid_file(path: Path) -> None:
     """Records this process as the server of `path`'s folder (atomically: a reader never sees half a file)."""
-    record = json.dumps({"pid": os.getpid(), "started_s": _started_s(psutil.Process())})
+    record = json.dumps({"pid": os.getpid(), "started_s": started_s(psutil.Process())})
     partial = path.with_name(path.name + ".partial")
     partial.write_text(record + "\n")
     partial.replace(path)
@@ -42,17 +43,17 @@ def running_server(path: Path) -> psutil.Process | None:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
         return None
-    pid, started_s = _parse(text, path)
+    pid, recorded_s = _parse(text, path)
     try:
         process = psutil.Process(pid)
-        now_started_s = _started_s(process)
+        now_started_s = started_s(process)
         name = process.name()
     except psutil.NoSuchProcess:
         raise StalePidFile(f"{path} names pid {pid}, which is no longer running (a stale pid file)") from None
     except psutil.AccessDenied:
         name = "?"
         now_started_s = None
-    if now_started_s is None or abs(now_started_s - started_s) > _SAME_START_S:
+    if now_started_s is None or abs(now_started_s - recorded_s) > _SAME_START_S:
         raise StalePidFile(f"{path} names pid {pid}, which is now another process ({name}), not the server it "
                            "recorded (a stale pid file)")
     return process
@@ -61,9 +62,9 @@ def running_server(path: Path) -> psutil.Process | None:
 def _parse(text: str, path: Path) -> tuple[int, float]:
     try:
         record = json.loads(text)
-        pid, started_s = record["pid"], record["started_s"]
-        if type(pid) is int and pid > 0 and isinstance(started_s, (int, float)):
-            return pid, float(started_s)
+        pid, recorded_s = record["pid"], record["started_s"]
+        if type(pid) is int and pid > 0 and isinstance(recorded_s, (int, float)):
+            return pid, float(recorded_s)
     except (ValueError, TypeError, KeyError):
         pass
     shown = text.strip()
@@ -71,8 +72,3 @@ def _parse(text: str, path: Path) -> tuple[int, float]:
         raise StalePidFile(f"{path} holds a bare pid ({shown}), without the start time that tells the server from "
                            "another process with that pid; treated as a stale pid file")
     raise StalePidFile(f"{path} is not a pid file this script wrote ({shown[:40]!r}); treated as a stale pid file")
-
-
-def _started_s(process: psutil.Process) -> float:
-    """When `process` started, in seconds after boot: /proc's start time, whatever the wall clock did since."""
-    return process.create_time() - psutil.boot_time()
