@@ -27,7 +27,7 @@ from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name
 from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.optimize import Context, Entry, ModelInfo, get_entry
+from tracker.optimize import Candidate, Context, Entry, ModelInfo, get_entry
 from tracker.pipeline import (
     AttemptSetup,
     StudySetup,
@@ -183,6 +183,7 @@ class Study:
         session: SessionConfig | None = None,
         tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
         tags: Mapping[str, str] | None = None,
+        made: tuple[Candidate, float] | None = None,
         **fields,
     ) -> AttemptResult | None:
         """Runs the registry entry `entry` on `source`, then measures and logs what it made as one attempt.
@@ -201,6 +202,7 @@ class Study:
             tolerance: one tolerance, or one per precision ("fp32", "fp16", "int8"): the candidate's
                 precision picks it.
             tags: the attempt run's tags on top of the study's and the chain's lineage.
+            made: what `entry` already made of `source` and the seconds it took (a search's leader): not made again.
             **fields: `Attempt` fields that replace the candidate's (description, new_ops, ...);
                 `params` and `metrics` are added to the candidate's.
         """
@@ -218,8 +220,8 @@ class Study:
                 source_path = self._on_disk(source, name)
                 graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
                 start = time.perf_counter()
-                candidate = found(source_path, self._work / name / "optimized", context, graph=graph)
-                seconds = time.perf_counter() - start
+                candidate = made[0] if made else found(source_path, self._work / name / "optimized", context, graph=graph)
+                seconds = made[1] if made else time.perf_counter() - start
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
             reraise_if_received(e)
             self.record_failure(name, e, runtime=runtime, tags={**lineage_tags(found), **(tags or {})})
@@ -286,8 +288,8 @@ class Study:
                 tolerance=tolerance, workdir=self._work / "search", config=config or SearchConfig(), info=info,
                 session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
                 prepared=self._prepared, text=self.setup.quality,
-                optimize=lambda entry, src, tags: self.optimize(entry, src, info=info, session=session,
-                                                                tolerance=tolerance, tags=tags),
+                optimize=lambda entry, src, tags, made: self.optimize(entry, src, info=info, session=session,
+                                                                      tolerance=tolerance, tags=tags, made=made),
             )
         try:  # the table on the study run holds the same rows: losing these runs loses no figure
             write.log_candidate_runs(self.search_result.candidate_runs(self.name))
@@ -327,15 +329,13 @@ class Study:
         self.failures[name] = log_failure(self.name, name, error, runtime=runtime, tags={**self.tags, **(tags or {})})
 
     def rows(self, *, tables: bool = False) -> list[AttemptRow]:
-        """The study's rows (with the per-op tables if `tables`): its attempts' (`rows_from_results`), or on a
-        cluster its runs' (nodes' repeated baselines too), then those in `failures`."""
+        """The study's rows (per-op tables if `tables`): its attempts', or a cluster's runs', then `failures`'."""
         if self._cluster is None:
             return rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs,
                                      tables=tables)
         return self._cluster.rows() + [failed_row(name, error) for name, error in self.failures.items()]
 
-    def wait(self) -> None:
-        """Waits for the attempts the cluster's nodes are measuring, logging each (a local study has none)."""
+    def wait(self) -> None:  # for the attempts a cluster's nodes are measuring, logging each
         if self._cluster is not None:
             self._cluster.wait()
 

@@ -9,6 +9,7 @@ import logging
 import os
 import re
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import mlflow
@@ -24,6 +25,7 @@ from tracker.cli import main
 from tracker.measure.accuracy.task_diff import task_tolerances
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.timing.latency import TimingConfig
+from tracker.optimize.entry import Entry
 from tracker.search import SearchConfig
 
 pytestmark = pytest.mark.slow
@@ -93,6 +95,30 @@ def test_a_second_search_reuses_each_check_and_screen_and_says_so(store, mlp, tm
         if row.name in checked and row.screen_speedup is not None and row.stage == "speed_screen":
             assert row.passed == by_name[row.name].passed
     assert {r.status for r in second.rows} >= {"timed"}, "the leader is measured in full again"
+
+
+def test_the_leader_is_measured_as_the_search_made_it_and_from_the_cache_made_never(store, mlp, tmp_path,
+                                                                                      monkeypatch):
+    path, feeds, _, _ = mlp
+    made: Counter[str] = Counter()
+    make = Entry.__call__
+
+    def counted(self, *args, **kwargs):
+        made[self.name] += 1
+        return make(self, *args, **kwargs)
+
+    monkeypatch.setattr(Entry, "__call__", counted)
+
+    first = _search(store, path, feeds, tmp_path / "cache", "made-once")
+    leaders = [r.name for r in first.rows if r.status == "timed"]
+    assert leaders and all(made[name] == 1 for name in leaders), (leaders, made)
+    made.clear()
+    second = _search(store, path, feeds, tmp_path / "cache", "made-never")
+
+    assert [r.name for r in second.rows if r.status == "timed"] == leaders and not made, made
+    run = next(r for r in store.search_runs([store.get_experiment_by_name("cached").experiment_id])
+               if r.info.run_name == leaders[0] and r.data.tags.get("tracker.role") == "attempt")
+    assert run.data.metrics["optimize.seconds"] > 0, "the leader's run logs what making it took, the first time"
 
 
 def test_one_weight_changed_is_a_miss(store, mlp, tmp_path, caplog):

@@ -69,7 +69,8 @@ def test_a_a_the_baseline_against_itself_runs_every_round_and_is_not_dropped(mod
 
     assert raced_out is None
     assert found.rounds >= SHORT_SCREEN.rounds
-    assert found.ci_low < 1.0 < found.ci_high * 1.05, "its interval holds (or nearly) the true 1.0"
+    # Two sessions of one model may differ by ~1-2 % (FACTS): no verdict either way, as test_verdicts' A/A asks.
+    assert found.interval_verdict in ("same", "inconclusive"), found
 
 
 def test_without_a_bar_the_screen_runs_its_rounds(models):

@@ -50,6 +50,7 @@ class Cached:
     size_bytes: int
     candidate: Candidate | None
     screens: dict[str, dict] = field(default_factory=dict)
+    made_s: float = 0.0  # what making it took, the first time
 
 
 @dataclass
@@ -113,7 +114,8 @@ class SearchCache:
                                       session=dict(made["session"]))
             found = Cached(passed=bool(data["passed"]), margin=float(data["margin"]), metrics=dict(data["metrics"]),
                            precision=str(data["precision"]), params=dict(data["params"]),
-                           size_bytes=int(data["size_bytes"]), candidate=candidate, screens=dict(data["screens"]))
+                           size_bytes=int(data["size_bytes"]), candidate=candidate, screens=dict(data["screens"]),
+                           made_s=float(data.get("made_s", 0.0)))
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             logger.warning("search cache: the entry of %s in %s cannot be read (%s: %s); it is ignored and measured "
                            "again", entry.name, folder, type(e).__name__, e)
@@ -122,13 +124,13 @@ class SearchCache:
         return found
 
     def put(self, entry: Entry, candidate: Candidate, *, passed: bool, margin: float, metrics: Mapping[str, float],
-            size_bytes: int) -> None:
+            size_bytes: int, made_s: float = 0.0) -> None:
         """Keeps `entry`'s check, and its model when it passed or the sensitivity fallback may rescue it (the others
         are never screened). A cache that cannot take it is skipped with a warning."""
         data = {"format": _FORMAT, "entry": entry.name, "passed": passed, "margin": margin,
                 "metrics": {k: float(v) for k, v in metrics.items()}, "precision": candidate.precision,
                 "params": {**candidate.params, "precision": candidate.precision}, "size_bytes": size_bytes,
-                "candidate": None, "screens": {}, "written": time.time()}
+                "candidate": None, "screens": {}, "written": time.time(), "made_s": made_s}
         # The model of one that passed, or that the sensitivity fallback may rescue (it is screened for that).
         keep_model = (passed or "exclude" in entry.knobs()) and not candidate.new_ops and candidate.path.is_file()
         # A session entry's candidate is the searched model itself: nothing to copy (only what the entry made is).

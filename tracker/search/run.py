@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import Speedup
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
+from tracker.optimize.quantize.prepare import model_bytes
 from tracker.search.budget import Budget
 from tracker.search.cache import Cached, SearchCache
 from tracker.search.priors import prior_order
@@ -45,7 +47,7 @@ logger = logging.getLogger(__name__)
 _GUESS_S = {"make": 10.0, "screen": 5.0, "long_screen": 10.0, "fallback": 120.0}
 
 
-Optimize = Callable[..., object]  # `Study.optimize`
+Optimize = Callable[..., object]  # `Study.optimize`: (entry, source, tags=, made=(candidate, seconds))
 
 
 def run_search(
@@ -62,7 +64,7 @@ def run_search(
         baseline: the study's baseline attempt (the speed screen times against it).
         baseline_outputs: its outputs on `feeds`.
         tolerance: the task's tolerance per precision.
-        optimize: measures and logs one entry in full (`Study.optimize`).
+        optimize: measures and logs one entry in full, given what the search made of it (`Study.optimize`).
         workdir: where candidates are made (removed as they are screened out).
         full_attempt_s: what a full attempt costs (the baseline's), to keep time for the last stage.
         prepared: where the pre-processed sources are kept (`Context.work`): the study's own, so that `optimize`
@@ -101,6 +103,7 @@ class _Search:
         self.rows: list[Row] = []
         self.by_name: dict[str, Row] = {}
         self.made: dict[str, tuple[Entry, Candidate]] = {}
+        self.made_s: dict[str, float] = {}  # seconds each took to make (the leaders' runs log it)
         self.sensitivities: list[Sensitivity] = []
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))  # seconds per stage
         self.expected: dict[str, float] = {}  # each family's expected speed-up (`priors.prior_order`)
@@ -175,7 +178,9 @@ class _Search:
             return row
         try:
             with self.budget.timing("make"):
+                start = time.perf_counter()
                 candidate = entry(self.source, self.workdir / f"made-{entry.name}", self.context)
+                made_s = time.perf_counter() - start
                 check = self._check(candidate)
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
             reraise_if_received(e)
@@ -186,10 +191,10 @@ class _Search:
         row.params = {**candidate.params, "precision": candidate.precision}
         row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
         row.size_bytes = _size(candidate.path)
-        self.made[entry.name] = (entry, candidate)
+        self.made[entry.name], self.made_s[entry.name] = (entry, candidate), made_s
         if self.cache is not None:
             self.cache.put(entry, candidate, passed=check.passed, margin=check.margin, metrics=row.diff,
-                           size_bytes=row.size_bytes)
+                           size_bytes=row.size_bytes, made_s=made_s)
         if not check.passed:
             row.reason = f"accuracy check failed (margin {check.margin:.3f})"
         logger.info("search: %s %s its accuracy check (margin %.3f)", entry.name,
@@ -208,6 +213,7 @@ class _Search:
             row.reason = f"accuracy check failed (margin {hit.margin:.3f})"
         if hit.candidate is not None:
             self.made[entry.name] = (entry, hit.candidate)
+            self.made_s[entry.name] = hit.made_s
         self.cached[entry.name] = hit
         self.cache.reused[entry.name] = "check"  # type: ignore[union-attr]  # a hit came from it
         logger.info("search: %s from the cache: %s its accuracy check (margin %.3f)", entry.name,
@@ -366,17 +372,16 @@ class _Search:
                     row.status, row.reason = "skipped", "not measured in full: the budget ran out"
                     continue
                 logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
-                entry, _ = self.made[row.name]
+                entry, candidate = self.made[row.name]
                 tags = {TAG_SEARCH_STAGE: row.stage}
                 if row.fallback_of:  # which nodes stayed in fp32 is in its params and notes; why, here
                     tags[TAG_FALLBACK_OF] = row.fallback_of
-                with self.budget.timing("full"):
-                    self.optimize(entry, self.source, tags=tags)
+                with self.budget.timing("full"):  # the model the search made (or the cache kept), not made again
+                    self.optimize(entry, self.source, tags=tags, made=(candidate, self.made_s.get(row.name, 0.0)))
                 row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
                 self._drop(row.name)
 
-    def _drop(self, name: str) -> None:
-        """Removes a candidate's files once it is out of the running (or measured in full)."""
+    def _drop(self, name: str) -> None:  # its files go once it is out of the running (or measured in full)
         made = self.made.pop(name, None)
         if made is not None:
             shutil.rmtree(self.workdir / f"made-{name}", ignore_errors=True)
@@ -389,8 +394,6 @@ def _family(entry: Entry) -> str:
 
 
 def _size(path: Path) -> int:
-    from tracker.optimize.quantize.prepare import model_bytes
-
     try:
         return model_bytes(Path(path))
     except Exception:  # noqa: BLE001 -- a size is a nice-to-have of the table
