@@ -1,12 +1,15 @@
-"""Is the search's answer the exhaustive one? For a BERT-shaped encoder, a CNN and tiny GPT-2, on a knob space small
-enough to measure every candidate in full, prints how many candidates the search considered, screened out and
-timed, its seconds per stage, and its best against the exhaustive best (every candidate a full attempt).
+"""Is the search's answer the exhaustive one, and how much sooner? For a MiniLM-shaped encoder (24 candidates), a
+ResNet-18-shaped CNN at batch 4 (26) and tiny GPT-2 (8), each candidate of the space is also measured in full by an
+exhaustive study. Prints how many candidates the search considered, screened out and timed, its seconds per stage,
+its best against the exhaustive best, its wall time against the exhaustive one's, and when the eventual winner
+first led the search's screen.
 
-    python benchmarks/bench_search.py                      # all three models, about 10 minutes on 2 cores
+    python benchmarks/bench_search.py                      # all three models, about 35 minutes on 2 cores
     python benchmarks/bench_search.py --models cnn --keep  # one model; keep the sqlite store to look at
 
-The found best passes when it is the exhaustive best, or when its own full speed-up (measured by the exhaustive
-study) lies inside the exhaustive best's interval: within the noise, the two are the same answer.
+The found best agrees when it is the exhaustive best, or when its own full speed-up (measured by the exhaustive
+study) lies inside the exhaustive best's interval: within the noise, the two are the same answer. The search must
+take at most 40 % of the exhaustive time (issue 33); the exit code is 1 when a model disagrees or is slower.
 """
 
 from __future__ import annotations
@@ -31,13 +34,17 @@ from tracker.run.content import rows_from_results
 from tracker.search import SearchConfig
 from tracker.search.space import candidates
 
-# Small spaces: every candidate of each is measured in full by the exhaustive study.
+# Every candidate of each space is measured in full by the exhaustive study.
 SPACES = {
     "encoder": {"int8_dynamic": {"per_channel": (False, True), "weight_type": ("QInt8", "QUInt8"),
-                                 "reduce_range": (False,), "op_types": ("all",)},
-                "int4_block32": {"block_size": (32, 128), "accuracy_level": (4,), "symmetric": (True,)}},
-    "cnn": {"int8_static_minmax": {"calibration": ("minmax",), "per_channel": (False, True),
-                                   "format": ("QDQ", "QOperator"), "activation_type": ("QUInt8",)}},
+                                 "reduce_range": (False, True), "op_types": ("all", "MatMul")},
+                "int4_block32": {"block_size": (32, 128), "accuracy_level": (0, 4), "symmetric": (True, False)}},
+    # The static int8 entry's own search space (3 calibrations x per-channel x QDQ/QOperator x S8S8/U8S8, after
+    # quant_pre_process), and dynamic int8, which loses on a CNN.
+    "cnn": {"int8_static_minmax": {"calibration": ("minmax", "entropy", "percentile"), "per_channel": (False, True),
+                                   "format": ("QDQ", "QOperator"), "activation_type": ("QInt8", "QUInt8")},
+            "int8_dynamic": {"per_channel": (False, True), "weight_type": ("QInt8",), "reduce_range": (False,),
+                             "op_types": ("all",)}},
     "gpt2": {"int8_dynamic": {"per_channel": (False, True), "weight_type": ("QInt8",), "reduce_range": (False, True),
                               "op_types": ("all",)},
              "int4_block32": {"block_size": (32,), "accuracy_level": (0, 4), "symmetric": (True,)}},
@@ -56,6 +63,11 @@ class Outcome:
     stage_seconds: dict[str, float]
     search_s: float
     exhaustive_s: float
+    first_led_s: float | None  # seconds into the search when the found best first led its screen
+
+    @property
+    def quick(self) -> bool:
+        return self.search_s <= 0.4 * self.exhaustive_s
 
     @property
     def agrees(self) -> bool:
@@ -92,19 +104,37 @@ def make_encoder(folder: Path) -> Path:
 
 
 def make_cnn(folder: Path) -> Path:
-    """A ResNet-like stack of 3x3 convolutions with BatchNorm (folded by pre-processing), batch 4, 64x64."""
+    """A ResNet-18-shaped CNN from torch.nn (torchvision's layout: BasicBlocks [2, 2, 2, 2], 64 to 512 channels,
+    11.7 M parameters; torchvision's wheel does not load against the CPU torch here), batch 4, 224 x 224."""
     import torch
+    from torch import nn
 
     torch.manual_seed(0)
 
-    def block(cin: int, cout: int, stride: int) -> list:
-        return [torch.nn.Conv2d(cin, cout, 3, stride, 1, bias=False), torch.nn.BatchNorm2d(cout), torch.nn.ReLU()]
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout)
+            self.c2, self.b2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+            self.down = None if stride == 1 and cin == cout else nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
 
-    net = torch.nn.Sequential(*block(3, 32, 2), *block(32, 64, 1), *block(64, 64, 2), *block(64, 128, 1),
-                              *block(128, 128, 2), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                              torch.nn.Linear(128, 10)).eval()
+        def forward(self, x):
+            y = self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    layers, cin = [], 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    net = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1),
+                        *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 1000)).eval()
+    for module in net.modules():  # BatchNorm statistics that look trained
+        if isinstance(module, nn.BatchNorm2d):
+            module.running_mean.uniform_(-0.1, 0.1)
+            module.running_var.uniform_(0.5, 1.5)
     path = folder / "cnn.onnx"
-    torch.onnx.export(net, (torch.randn(4, 3, 64, 64),), str(path), input_names=["image"], output_names=["logits"],
+    torch.onnx.export(net, (torch.randn(4, 3, 224, 224),), str(path), input_names=["image"], output_names=["logits"],
                       dynamo=True, external_data=False)
     return path
 
@@ -161,6 +191,7 @@ def bench(name: str, folder: Path) -> Outcome:
         exhaustive_interval=(best.speedup_ci_low, best.speedup_ci_high) if best is not None and best.speedup else None,
         counts=result.counts(), stage_seconds={k: v for k, v in result.stage_seconds.items() if v},
         search_s=search_s, exhaustive_s=exhaustive_s,
+        first_led_s=result.first_led(found_name) if found_name is not None else None,
     )
 
 
@@ -186,16 +217,18 @@ def main() -> None:
         speed = f"{o.found_speedup:.3f}" if o.found_speedup is not None else "-"
         print(f"{o.model}: considered {o.counts['considered']}, screened out {o.counts['screened_out']}, "
               f"timed {o.counts['timed']}; search {o.search_s:.0f} s "
-              f"({', '.join(f'{k} {v:.0f} s' for k, v in o.stage_seconds.items())}), exhaustive {o.exhaustive_s:.0f} s")
-        print(f"  found {o.found} ({speed}x in the exhaustive study); exhaustive best {o.exhaustive} {interval}: "
-              f"{'AGREES' if o.agrees else 'DISAGREES'}", flush=True)
+              f"({', '.join(f'{k} {v:.0f} s' for k, v in o.stage_seconds.items())}), exhaustive {o.exhaustive_s:.0f} s: "
+              f"{o.search_s / o.exhaustive_s:.0%} of it ({'within' if o.quick else 'OVER'} 40 %)")
+        led = "never led the screen" if o.first_led_s is None else f"first led the screen {o.first_led_s:.0f} s in"
+        print(f"  found {o.found} ({speed}x in the exhaustive study; {led}); exhaustive best {o.exhaustive} "
+              f"{interval}: {'AGREES' if o.agrees else 'DISAGREES'}", flush=True)
     if args.keep:
         print(f"store: sqlite:///{folder / 'mlflow.db'}")
     else:
         import shutil
 
         shutil.rmtree(folder, ignore_errors=True)
-    raise SystemExit(0 if all(o.agrees for o in outcomes) else 1)
+    raise SystemExit(0 if all(o.agrees and o.quick for o in outcomes) else 1)
 
 
 if __name__ == "__main__":

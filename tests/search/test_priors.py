@@ -14,8 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from tracker.measure.environment import ISA_FLAGS
 from tracker.optimize import REGISTRY, Context
 from tracker.search.priors import PRIORS_FILE, load_priors, op_mix, prior_order
-from tracker.search.run import _family
-from tracker.search.space import by_family, candidates, interleave
+from tracker.search.space import by_family, candidates, family, interleave
 
 ROOT = Path(__file__).resolve().parents[2]
 VNNI = {name: name in ("avx2", "avx512", "avx512_vnni") for name in ISA_FLAGS}
@@ -47,8 +46,8 @@ def _mlp() -> onnx.ModelProto:
 def _ordered(model: onnx.ModelProto, flags) -> tuple[list[str], str]:
     found, _ = candidates(model, Context(feeds={}))
     mixed = interleave(by_family(found).values())
-    ordered, _, why = prior_order(mixed, [_family(e) for e in mixed], model, flags=flags)
-    return [_family(e) for e in ordered], why
+    ordered, _, why = prior_order(mixed, [family(e) for e in mixed], model, flags=flags)
+    return [family(e) for e in ordered], why
 
 
 def test_on_a_vnni_machine_a_cnn_tries_static_int8_first_and_dynamic_int8_last():
@@ -72,7 +71,7 @@ def test_a_machine_without_a_prior_keeps_the_families_in_turn():
     mixed = interleave(by_family(found).values())
     none = {name: False for name in ISA_FLAGS}
 
-    ordered, _, why = prior_order(mixed, [_family(e) for e in mixed], _cnn(), flags=none)
+    ordered, _, why = prior_order(mixed, [family(e) for e in mixed], _cnn(), flags=none)
 
     assert [e.name for e in ordered] == [e.name for e in mixed]
     assert why.startswith("no prior for this machine (none known) and op mix (conv)")
@@ -87,15 +86,15 @@ def test_op_mix_is_where_most_weights_are_read():
 
 
 def test_every_prior_names_a_real_family_and_has_its_measurement_in_the_docs():
-    families = {_family(e) for e in REGISTRY.values()}
+    families = {family(e) for e in REGISTRY.values()}
     docs = (ROOT / "docs" / "search.md").read_text()
     rows = [line for line in docs.splitlines() if line.startswith("| `")]
     for name, mixes in load_priors().table.items():
         for mix, table in mixes.items():
-            for family, value in table.items():
-                assert family in families, f"{family} in {PRIORS_FILE} is no family of the registry"
-                assert any(f"`{name}`" in r and f"`{mix}`" in r and f"`{family}`" in r and f"{value:g}x" in r
-                           for r in rows), f"docs/search.md has no row for {name}, {mix}, {family} = {value:g}x"
+            for kind, value in table.items():
+                assert kind in families, f"{kind} in {PRIORS_FILE} is no family of the registry"
+                assert any(f"`{name}`" in r and f"`{mix}`" in r and f"`{kind}`" in r and f"{value:g}x" in r
+                           for r in rows), f"docs/search.md has no row for {name}, {mix}, {kind} = {value:g}x"
 
 
 @pytest.mark.parametrize("text, message", [

@@ -52,6 +52,18 @@ class Cached:
     screens: dict[str, dict] = field(default_factory=dict)
     made_s: float = 0.0  # what making it took, the first time
 
+    def screen(self, kind: str, must_beat: float) -> tuple[Speedup, str | None] | None:
+        """The screen of this `kind` judged against `must_beat` now: (its figures, why it is raced out or None);
+        None when there is none, or when it was cut short against a leader this search has not (time it again)."""
+        figures = self.screens.get(kind)
+        if figures is None or (figures["raced_out"] and figures["ci_high"] >= must_beat):
+            return None
+        found = Speedup(figures["speedup"], figures["ci_low"], figures["ci_high"], 0.95, int(figures["pairs"]),
+                        rounds=int(figures["rounds"]))
+        if found.ci_high >= must_beat:
+            return found, None
+        return found, f"{figures['raced_out'] or f'upper bound {found.ci_high:.2f}x < {must_beat:.2f}x'} (cached)"
+
 
 @dataclass
 class SearchCache:

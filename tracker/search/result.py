@@ -94,6 +94,11 @@ class SearchResult:
     stage_seconds: dict[str, float]
     budget_s: float | None
     seconds: float = 0.0
+    leaders: list[tuple[float, str]] = field(default_factory=list)  # (seconds into the search, name): each new leader
+
+    def first_led(self, name: str) -> float | None:
+        """Seconds into the search when `name` first led the screen (the best passing lower bound), or None."""
+        return next((seconds for seconds, leader in self.leaders if leader == name), None)
 
     def counts(self) -> dict[str, int]:
         timed = sum(r.status == "timed" for r in self.rows)

@@ -39,7 +39,7 @@ from tracker.search.priors import prior_order
 from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text, screen_speed
 from tracker.search.sensitivity import Sensitivity, fallback
-from tracker.search.space import by_family, candidates, interleave
+from tracker.search.space import by_family, candidates, family, interleave
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ def run_search(
         logger.info("search cache %s: %s", search.cache.root, "nothing reused (a first search of this model here, "
                     "or --fresh)" if not reused else f"reused {len(reused)} candidate(s): {named}"
                     + (f"; and {len(reused) - 5} more" if len(reused) > 5 else ""))
-    return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent())
+    return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent(),
+                        leaders=search.leaders)
 
 
 class _Search:
@@ -109,10 +110,11 @@ class _Search:
         self.expected: dict[str, float] = {}  # each family's expected speed-up (`priors.prior_order`)
         self.cache: SearchCache | None = None
         self.cached: dict[str, Cached] = {}  # what the cache held of each candidate
+        self.leaders: list[tuple[float, str]] = []  # (seconds into the search, name) each time the leader changed
 
     # -- bookkeeping
     def _row(self, entry: Entry, **fields) -> Row:
-        row = Row(entry.name, _family(entry), entry.kind,
+        row = Row(entry.name, family(entry), entry.kind,
                   pipeline=entry.name if isinstance(entry, Chain) else None, **fields)
         self.rows.append(row)
         self.by_name[entry.name] = row
@@ -133,7 +135,7 @@ class _Search:
         for name, why in refused.items():
             self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
         mixed = interleave(by_family(found).values())
-        order, self.expected, why = prior_order(mixed, [_family(e) for e in mixed], graph)
+        order, self.expected, why = prior_order(mixed, [family(e) for e in mixed], graph)
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
         logger.info("search order: %s", why)
@@ -253,9 +255,18 @@ class _Search:
         logger.info("search, speed screen: %s %.2fx [%.2f, %.2f]%s%s", name, found.speedup, found.ci_low,
                     found.ci_high, "" if row.passed else " (failed its accuracy check)",
                     f": {raced_out}" if raced_out else "")
+        self._note_leader(row)
         if raced_out:  # it cannot win: out of the running now, not after more timing
             row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
             self._drop(name)
+
+    def _note_leader(self, row: Row) -> None:
+        lows = [(r.screen_ci_low, r.name) for r in self.rows if r.passed and r.screen_ci_low is not None]
+        leader = max(lows, default=None)
+        if row.passed and leader is not None and leader[1] == row.name and (
+                not self.leaders or self.leaders[-1][1] != row.name):
+            self.leaders.append((self.budget.spent(), row.name))
+            logger.info("search: %s leads after %.0f s (lower bound %.2fx)", row.name, self.leaders[-1][0], leader[0])
 
     def _screen_if_it_fits(self, name: str) -> None:
         if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
@@ -272,19 +283,10 @@ class _Search:
                 self._drop(name)
 
     def _cached_screen(self, name: str, kind: str, must_beat: float) -> tuple[Speedup, str | None] | None:
-        """The cache's screen of `name` of this `kind`, judged against `must_beat` now; None when it has none, or
-        when it was cut short against a leader this search has not (then it is timed again)."""
-        screen = self.cached.get(name, None)
-        figures = screen.screens.get(kind) if screen is not None else None
-        if figures is None or (figures["raced_out"] and figures["ci_high"] >= must_beat):
-            return None
-        found = Speedup(figures["speedup"], figures["ci_low"], figures["ci_high"], 0.95, int(figures["pairs"]),
-                        rounds=int(figures["rounds"]))
-        raced_out = None
-        if found.ci_high < must_beat:
-            raced_out = figures["raced_out"] or f"upper bound {found.ci_high:.2f}x < {must_beat:.2f}x"
-        self.cache.reused[name] += f", {kind}"  # type: ignore[union-attr]  # cached screens come from it
-        return found, (f"{raced_out} (cached)" if raced_out else None)
+        found = self.cached[name].screen(kind, must_beat) if name in self.cached else None
+        if found is not None:
+            self.cache.reused[name] += f", {kind}"  # type: ignore[union-attr]  # cached screens come from it
+        return found
 
     def _best_passing_screen(self) -> float:
         return max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
@@ -385,12 +387,6 @@ class _Search:
         made = self.made.pop(name, None)
         if made is not None:
             shutil.rmtree(self.workdir / f"made-{name}", ignore_errors=True)
-
-
-def _family(entry: Entry) -> str:
-    if isinstance(entry, Chain):
-        return "chain"
-    return type(entry).__name__ if entry.knobs() else entry.name
 
 
 def _size(path: Path) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import onnx
 
-from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Context, Entry
+from tracker.optimize import FORWARD_ENTRIES, REGISTRY, Chain, Context, Entry
 
 
 def expand(entry: Entry, *, limit: int | None = None, knobs: Mapping[str, tuple] | None = None) -> list[Entry]:
@@ -79,12 +79,18 @@ def interleave(groups: Iterable[Sequence[Entry]]) -> list[Entry]:
     return out
 
 
+def family(entry: Entry) -> str:
+    """The class that makes `entry` (every variant of int8_dynamic is one family); "chain" for a chain."""
+    if isinstance(entry, Chain):
+        return "chain"
+    return type(entry).__name__ if entry.knobs() else entry.name
+
+
 def by_family(entries: Sequence[Entry]) -> Mapping[str, list[Entry]]:
-    """Entries grouped by the class that makes them (every variant of int8_dynamic is one family)."""
+    """Entries grouped by `family`."""
     groups: dict[str, list[Entry]] = {}
     for entry in entries:
-        key = type(entry).__name__ if entry.knobs() else entry.name
-        groups.setdefault(key, []).append(entry)
+        groups.setdefault(family(entry), []).append(entry)
     return groups
 
 
