@@ -43,6 +43,7 @@ from tracker.report.scenarios import scenario_bests
 from tracker.run.content import rows_from_results
 from tracker.run.record import check_outbox
 from tracker.search import SearchConfig, SearchResult, run_search
+from tracker.search.screen import outputs_of
 from tracker.store import connect, write
 from tracker.summary import log_report, log_summary
 
@@ -262,32 +263,20 @@ class Study:
         session: SessionConfig | None = None,
         tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
     ) -> SearchResult:
-        """Searches the registry's entries, knobs and chains for the fastest variant of `source` that passes its
-        check (`tracker.search.run_search`). The leaders become attempt runs; every other candidate that was timed a
-        light run (`tracker.role` = "candidate"); every candidate, with where and why it stopped, a row of the table
-        on the study run (`report/search.html`). Measures the baseline first if the study has none.
-
-        Returns:
-            What the search did; the answer is `study.best`.
-        """
+        """Searches the registry's entries, knobs and chains for the fastest variant of `source` that passes its check
+        (`run_search`), screening here or on the study's cluster. The leaders become attempt runs, the other timed
+        candidates light runs ("candidate"), every candidate a row of `report/search.html`. Returns what it did; the
+        answer is `study.best`."""
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before searching")
-        if self._cluster is not None:
-            raise ValueError("a search is not supported on a cluster yet: run it without --cluster")
         session = session or SessionConfig()
-        baseline = runtime_baselines(self.results).get("onnxruntime")
-        if baseline is None:
-            baseline = self.attempt("baseline", Path(source), session=session,
-                                    tolerance=tolerance_for(tolerance, "fp32"),
-                                    description=f"{Path(source).name} as given")
-            if not baseline.ok:
-                raise ValueError(f"the baseline failed, so nothing can be compared with it: {baseline.error}")
+        baseline = self._search_baseline(Path(source), session, tolerance_for(tolerance, "fp32"))
         with self.steps.step("search"):
             self.search_result = run_search(
                 Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
                 tolerance=tolerance, workdir=self._work / "search", config=config or SearchConfig(), info=info,
-                session=session, full_attempt_s=sum(baseline.steps.seconds.values()),
-                prepared=self._prepared, text=self.setup.quality,
+                session=session, full_attempt_s=sum(baseline.steps.seconds.values()) or 60.0,
+                prepared=self._prepared, text=self.setup.quality, remote=self._cluster, profile=baseline.profile,
                 optimize=lambda entry, src, tags, made: self.optimize(entry, src, info=info, session=session,
                                                                       tolerance=tolerance, tags=tags, made=made),
             )
@@ -298,16 +287,27 @@ class Study:
                            "report/search_candidates.json holds them", type(e).__name__, e)
         return self.search_result
 
+    def _search_baseline(self, source: Path, session: SessionConfig, tolerance: TaskTolerance) -> AttemptResult:
+        """The onnxruntime baseline, measured if the study has none; on a cluster, its outputs computed here."""
+        sent = self._cluster.baseline("onnxruntime") if self._cluster is not None else None
+        baseline = runtime_baselines(self.results).get("onnxruntime") or (AttemptResult(attempt=sent) if sent else None)
+        if baseline is None:
+            baseline = self.attempt("baseline", source, session=session, tolerance=tolerance,
+                                    description=f"{source.name} as given")
+            if not baseline.ok:
+                raise ValueError(f"the baseline failed, so nothing can be compared with it: {baseline.error}")
+        if self._cluster is not None:
+            baseline.outputs = outputs_of(baseline.attempt, self.feeds)
+        return baseline
+
     @property
-    def _work(self) -> Path:
-        """The study's work folder (made on entry when none was given)."""
+    def _work(self) -> Path:  # the study's work folder (made on entry when none was given)
         if self._workdir is None:
             raise RuntimeError("use the Study in a `with` block: its work folder is made on entry")
         return self._workdir
 
     @property
-    def _prepared(self) -> Path:
-        """Where entries keep the pre-processed sources their variants share (`Context.work`): attempts and search."""
+    def _prepared(self) -> Path:  # the pre-processed sources entries' variants share (`Context.work`)
         return self._work / "prepared"
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:

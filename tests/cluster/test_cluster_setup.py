@@ -74,9 +74,10 @@ def test_without_ray_the_cluster_says_how_to_install_it(monkeypatch):
     assert INSTALL_HINT == "pip install 'onnx-optimization-tracker[cluster]'" and INSTALL_HINT in str(caught.value)
 
 
-def test_a_search_on_a_cluster_is_refused_before_any_work(model_path):
-    with pytest.raises(ValueError, match=r"^--search is not supported on a cluster yet"):
-        OwnModelConfig(model=model_path, search=True, cluster="127.0.0.1:6379")
+def test_a_search_on_a_cluster_is_taken_and_a_malformed_address_still_refused_before_any_work(model_path):
+    assert OwnModelConfig(model=model_path, search=True, cluster="127.0.0.1:6379").search
+    with pytest.raises(ClusterError, match="127.0.0.1:port"):
+        OwnModelConfig(model=model_path, search=True, cluster="127.0.0.1:port")
 
 
 def test_a_generation_scenario_or_a_text_check_on_a_cluster_is_refused_before_any_work(feeds):

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tracker.measure.environment import ISA_FLAGS
 from tracker.optimize import REGISTRY, Context
-from tracker.search.priors import PRIORS_FILE, load_priors, op_mix, prior_order
+from tracker.search.priors import PRIORS_FILE, cost_estimate, load_priors, op_mix, prior_order
 from tracker.search.space import by_family, candidates, family, interleave
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +75,46 @@ def test_a_machine_without_a_prior_keeps_the_families_in_turn():
 
     assert [e.name for e in ordered] == [e.name for e in mixed]
     assert why.startswith("no prior for this machine (none known) and op mix (conv)")
+
+
+def test_the_cost_model_is_amdahls_law_over_the_quantized_ops_share():
+    shares = {"MatMul": 0.6, "FusedMatMul": 0.2, "Softmax": 0.2}
+
+    assert cost_estimate("Int8Dynamic", shares, {"int8": 4.0, "int4": 2.0}) == pytest.approx(1 / (0.2 + 0.8 / 4))
+    assert cost_estimate("Int4", shares, {"int8": 4.0, "int4": 2.0}) == pytest.approx(1 / (0.2 + 0.8 / 2))
+    assert cost_estimate("ort_parallel", shares, {"int8": 4.0, "int4": 2.0}) is None
+
+
+def test_without_a_prior_the_cost_model_orders_the_quantizations_and_the_cache_goes_first():
+    found, _ = candidates(_mlp(), Context(feeds={}))
+    mixed = interleave(by_family(found).values())
+    none = {name: False for name in ISA_FLAGS}
+    asked = []
+
+    def speedups():  # this machine's kernels, measured once when the cost model is needed
+        asked.append(1)
+        return {"int8": 3.0, "int4": 1.5}
+
+    ordered, expected, why = prior_order(mixed, [family(e) for e in mixed], _mlp(), flags=none,
+                                         op_time={"MatMul": 0.9, "Add": 0.1}, speedups=speedups)
+    families = [family(e) for e in ordered]
+    assert asked == [1] and expected["Int8Dynamic"] == pytest.approx(1 / (0.1 + 0.9 / 3))
+    assert families[0] == "Int8Dynamic" and families.index("Int4") > max(
+        i for i, f in enumerate(families) if f == "Int8Dynamic"), families
+    assert "by the cost model (" in why and "Int8Dynamic 2.50x" in why and "Int4 1.43x" in why
+
+    last = ordered[-1].name  # the cache screened it fastest: first, whatever its family's expectation
+    again, _, why = prior_order(mixed, [family(e) for e in mixed], _mlp(), flags=none, measured={last: 9.0},
+                                op_time={"MatMul": 0.9, "Add": 0.1}, speedups=speedups)
+    assert again[0].name == last and "1 candidate(s) first by what the cache screened of them" in why
+
+
+@pytest.mark.timing
+def test_kernel_speedups_of_a_product_against_itself_read_one():
+    from tracker.measure.costmodel.machine import gemm_model, time_against_fp32
+
+    same = time_against_fp32({"same": gemm_model(256, rows=64)}, n=256, rows=64)
+    assert 0.8 < same["same"] < 1.25, same
 
 
 def test_op_mix_is_where_most_weights_are_read():

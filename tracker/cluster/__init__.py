@@ -13,7 +13,9 @@ tables and charts, the profile, the model). So a node needs no shared filesystem
 no route to the store: a team's `mlflow-artifacts:` proxy or its bucket may be unreachable from the nodes, and only
 the driver logs (`wire`).
 
-Scope: the forward scenario. A generation scenario or a search on a cluster is refused before any work.
+Scope: the forward scenario, and a search (`Study.search`): its candidates are made and checked on the driver, and
+screened on the nodes, several at once, each against its node's baseline. A generation scenario or a check on real
+text on a cluster is refused before any work.
 
 The package itself holds only what reaching a cluster needs (`address`), so the command line's parser stays light:
 the driver is `tracker.cluster.driver`, the nodes' side `tracker.cluster.node`.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 
 from tracker.base.errors import RecordError
 from tracker.base.files import make_work_folder
@@ -21,47 +22,30 @@ from tracker.base.steps import StepTimes
 from tracker.base.terminal import one_line
 from tracker.base.termination import Terminated
 from tracker.base.vocabulary import RunStatus
-from tracker.cluster.address import SLOT, Address, ClusterError, connect, import_ray, measuring_nodes
-from tracker.cluster.node import NodeInfo, NodeMeasurer
+from tracker.cluster.address import Address, connect, import_ray, measuring_nodes
+from tracker.cluster.measurers import Node, ScreenTask, Task, start_measurers
+from tracker.cluster.node import NodeInfo
 from tracker.cluster.records import RecordedRows
-from tracker.cluster.wire import MODEL_FILE, Job, ModelFiles, Returned, unpack_record
+from tracker.cluster.wire import MODEL_FILE, Job, ModelFiles, Returned, ScreenJob, unpack_record
 from tracker.measure.attempt import Attempt, AttemptResult
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.timing.speedup import SpeedupConfig
+from tracker.optimize import Candidate
 from tracker.pipeline import AttemptSetup, log_or_keep
 from tracker.report.rows import AttemptRow
 from tracker.run.content import attempt_params
 from tracker.run.record import AttemptRecord
+from tracker.search.screening import Screened
 from tracker.store import write
 
 logger = logging.getLogger(__name__)
 
 TAG_BASELINE_RUN = "tracker.baseline_run"  # an attempt's run: the run of the baseline it was judged against
 TAG_RETRIED = "tracker.cluster.retried"  # an attempt measured again after its node died: why
-START_TIMEOUT_S = 60.0  # for every node's measurer to start (a slot another study holds frees only when it ends)
 POLL_S = 0.5  # a wait's granularity: Ctrl-C is handled between two
 # Tasks sent to a node's measurer at once: it measures one at a time, and starts the next as soon as one ends, while
 # the driver may be busy making a candidate.
 DEPTH = 2
-
-
-@dataclasses.dataclass(eq=False)
-class _Node:
-    actor: Any
-    info: NodeInfo
-    own: deque[_Task] = dataclasses.field(default_factory=deque)  # this node's baselines, before anything else
-    runtimes: set[str] = dataclasses.field(default_factory=set)  # whose baseline it measured
-    cut: _Task | None = None  # the task it was measuring when it died
-    # the tasks sent to its measurer, in order (it measures the first), each with the reference to its result
-    sent: list[tuple[_Task, Any]] = dataclasses.field(default_factory=list)
-    alive: bool = True
-
-
-@dataclasses.dataclass(eq=False)
-class _Task:
-    job: Job
-    model: Any  # the reference of the attempt's `ModelFiles` in the object store
-    model_key: str  # its key among `Fanout._models`
-    node_type: str
-    retried: str | None = None  # why it was measured again, after its first node died
 
 
 class Fanout:
@@ -85,8 +69,8 @@ class Fanout:
         self.steps = StepTimes()  # the nodes' measuring steps, summed (they overlap in time)
         self.recorded = RecordedRows()
         self._connected = False
-        self._nodes: list[_Node] = []
-        self._queues: dict[str, deque[_Task]] = {}  # node type -> attempts waiting for a node of that type
+        self._nodes: list[Node] = []
+        self._queues: dict[str, deque[Task]] = {}  # node type -> attempts waiting for a node of that type
         self._pending: dict[int, int] = {}  # job seq -> its tasks not logged yet
         self._attempts: dict[int, Attempt] = {}
         # model path -> its `ModelFiles` in the object store and the tasks still to log that use it: a file is read
@@ -96,6 +80,9 @@ class Fanout:
         self._node_baseline_runs: dict[tuple[str, str], str] = {}  # (node id, runtime) -> its baseline's run id
         self._work: Path | None = None  # where records are unpacked, then logged
         self._parent: tuple[str | None, str | None] = (None, None)  # the study run's id and experiment id
+        self._screens: deque[ScreenTask] = deque()  # a search's screens waiting for a node with its baseline
+        self._screened: dict[int, Screened] = {}  # screens that came back, by number, until `screens` takes them
+        self._screens_sent = 0
 
     def connect(self) -> None:
         """Connects to the cluster and checks it has a measuring node, before any work.
@@ -110,23 +97,21 @@ class Fanout:
         """Sends an attempt to the nodes (every node, for a runtime's first attempt), and logs what came back
         meanwhile; returns the attempt's number, for `result`. The first attempt starts the nodes' measurers with
         `setup` (its `machine`: whether each node measures its own roofs)."""
-        ray = import_ray()
+        import_ray()
         if not self._nodes:
             self._start(setup)
         seq = len(self._attempts)
         self._attempts[seq] = attempt
         key = str(attempt.model.resolve()) if isinstance(attempt.model, Path) else f"in memory {seq}"
-        if key not in self._models:
-            self._models[key] = [ray.put(ModelFiles.of(attempt.model)), 0]
-        model = self._models[key][0]
+        model = self._put(key, attempt.model)
         name = attempt.model.name if isinstance(attempt.model, Path) else MODEL_FILE
         baseline = attempt.runtime not in self._baselines
         job = Job(seq, dataclasses.replace(attempt, model=Path(name)), dict(setup.tags), baseline=baseline)
         if baseline:  # measured again on every node: each node judges its attempts against its own
             self._baselines.add(attempt.runtime)
-            tasks = [(n.own, _Task(job, model, key, n.info.node_type)) for n in self._nodes if n.alive]
+            tasks = [(n.own, Task(job, model, key, n.info.node_type)) for n in self._nodes if n.alive]
         else:  # once per node type
-            tasks = [(queue, _Task(job, model, key, node_type)) for node_type, queue in self._queues.items()]
+            tasks = [(queue, Task(job, model, key, node_type)) for node_type, queue in self._queues.items()]
         for queue, task in tasks:
             queue.append(task)
         self._pending[seq] = len(tasks)
@@ -137,6 +122,34 @@ class Fanout:
                     f"all {len(tasks)} nodes (its runtime's baseline)" if baseline else f"{len(tasks)} node type(s)")
         self.poll()
         return seq
+
+    def baseline(self, runtime: str) -> Attempt | None:  # the attempt sent as `runtime`'s baseline (its first)
+        return next((a for a in self._attempts.values() if a.runtime == runtime), None)
+
+    def submit_screen(self, candidate: Candidate, *, session: SessionConfig, config: SpeedupConfig,
+                      must_beat: float | None) -> int:
+        """Sends a search's candidate to the next free node with a baseline, to be screened against it
+        (`NodeMeasurer.screen`); returns its number, for `screens`."""
+        key = str(Path(candidate.path).resolve())
+        model = self._put(key, Path(candidate.path))
+        self._screens_sent, name = self._screens_sent + 1, Path(Path(candidate.path).name)
+        job = ScreenJob(self._screens_sent, dataclasses.replace(candidate, path=name), session, config, must_beat)
+        self._screens.append(ScreenTask(job, model, key))
+        self._models[key][1] += 1
+        self.poll()
+        return job.seq
+
+    def screens(self, *, wait: bool = False) -> dict[int, Screened]:
+        """The screens that came back since the last call, by number; with `wait`, once every screen sent is back."""
+        while wait and (self._screens or any(isinstance(t, ScreenTask) for n in self._nodes for t, _ in n.sent)):
+            self.poll(timeout_s=POLL_S)
+        done, self._screened = self._screened, {}
+        return done
+
+    def _put(self, key: str, model: onnx.ModelProto | Path) -> Any:  # its files in the object store, put there once
+        if key not in self._models:
+            self._models[key] = [import_ray().put(ModelFiles.of(model)), 0]
+        return self._models[key][0]
 
     def result(self, seq: int) -> AttemptResult:
         """Waits for attempt `seq`'s runs; its result as the driver knows it (no measurements: those are on its
@@ -203,7 +216,8 @@ class Fanout:
                 node.alive = False
             for index, (task, _) in enumerate(node.sent):
                 where = "while measuring" if index == 0 else "waiting"
-                self._log_failed(task, f"interrupted ({why}) {where} on node {node.info.node_id}", node=node.info)
+                if isinstance(task, Task):  # a screen has no run to end
+                    self._log_failed(task, f"interrupted ({why}) {where} on node {node.info.node_id}", node=node.info)
             node.sent = []
             self._drop_own(node)
         for queue in self._queues.values():
@@ -228,91 +242,77 @@ class Fanout:
             shutil.rmtree(self._work, ignore_errors=True)
 
     def rows(self) -> list[AttemptRow]:
-        """The rows of every run logged, in study order, each attempt's node types in the order the nodes were
-        found."""
+        """The rows of every run logged, in study order, each attempt's node types as the nodes were found."""
         return self.recorded.rows(list(self._queues))  # its keys: the node types, as the nodes were found
 
     def _start(self, setup: AttemptSetup) -> None:
-        """Starts one measurer on each node holding a `tracker_slot`, pinned there; waits for them to start.
-
-        Raises:
-            ClusterError: none started within `START_TIMEOUT_S` (their slots are held by other studies).
-        """
-        ray = import_ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+        """Starts the nodes' measurers (`start_measurers`), and the folder their records are unpacked in."""
         self._work = make_work_folder(f"tracker-{self.study}-records-")
         self._parent = write.current_ids()
-        feeds = ray.put(self.feeds)
-        measurer = ray.remote(NodeMeasurer)
-        actors = [measurer.options(resources={SLOT: 1}, num_cpus=0, max_concurrency=1, max_restarts=0,
-                                   scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
-                  .remote(self.study, feeds, dataclasses.replace(setup, tags={}), roofs=setup.machine is not None)
-                  for node_id in measuring_nodes(self.address)]
-        started = {a.where.remote(): a for a in actors}
-        ready, late = ray.wait(list(started), num_returns=len(started), timeout=START_TIMEOUT_S)
-        for ref in ready:
-            try:
-                self._nodes.append(_Node(started[ref], ray.get(ref)))
-            except ray.exceptions.RayError as e:
-                logger.warning("study %s: a node's measurer did not start (%s)", self.study, one_line(str(e)))
-        for ref in late:
-            ray.kill(started[ref], no_restart=True)
-        if not self._nodes:
-            raise ClusterError(f"no measuring node of the Ray cluster at {self.address.text} started within "
-                               f"{START_TIMEOUT_S:g} s: their {SLOT!r} is held by other studies")
-        for node in self._nodes:
-            self._queues.setdefault(node.info.node_type, deque())
-        types = ", ".join(f"{t} ({sum(n.info.node_type == t for n in self._nodes)})" for t in self._queues)
-        logger.info("study %s: %d measuring node(s)%s; node types: %s", self.study, len(self._nodes),
-                    f" ({len(late)} busy elsewhere, left out)" if late else "", types)
+        self._nodes = start_measurers(self.address, self.study, self.feeds, setup)
+        self._queues = {node.info.node_type: deque() for node in self._nodes}  # the types, as the nodes were found
 
     def _dispatch(self) -> None:
-        """Gives each node holding fewer than `DEPTH` tasks its next ones: its own baselines first, then the next
-        attempts of its type whose runtime it has a baseline of; fails the attempts no live node can take any more."""
-        for node in self._nodes:
-            while node.alive and len(node.sent) < DEPTH:
-                task = node.own.popleft() if node.own else self._next_for(node)
-                if task is None:
-                    break
-                node.sent.append((task, node.actor.measure.remote(task.job, task.model)))
+        """Gives each node holding fewer than `DEPTH` tasks its next ones, idle nodes first (two tasks go to two
+        nodes): its own baselines, then the next attempts of its type whose runtime it has a baseline of, then a
+        search's screens; fails the attempts no live node can take any more."""
+        for depth in range(1, DEPTH + 1):
+            for node in self._nodes:
+                while node.alive and len(node.sent) < depth:
+                    task = node.own.popleft() if node.own else self._next_for(node)
+                    if task is None:
+                        break
+                    run = node.actor.screen if isinstance(task, ScreenTask) else node.actor.measure
+                    node.sent.append((task, run.remote(task.job, task.model)))
         self._fail_stranded()
 
-    def _next_for(self, node: _Node) -> _Task | None:
+    def _next_for(self, node: Node) -> Task | ScreenTask | None:
         queue = self._queues[node.info.node_type]
         for task in queue:
             if task.job.attempt.runtime in node.runtimes:
                 queue.remove(task)
                 return task
-        return None
+        return self._screens.popleft() if self._screens and "onnxruntime" in node.runtimes else None
 
     def _fail_stranded(self) -> None:
         """Attempts waiting for a node type none of whose live nodes has, or will have, their runtime's baseline:
         FAILED runs saying so."""
         for node_type, queue in self._queues.items():
             nodes = [n for n in self._nodes if n.alive and n.info.node_type == node_type]
-            able = {r for n in nodes for r in n.runtimes}
-            able |= {t.job.attempt.runtime for n in nodes for t in [*n.own, *(task for task, _ in n.sent)]
-                     if t.job.baseline}
+            able = set().union(*(_baselines_of(n) for n in nodes))
             for task in [t for t in queue if t.job.attempt.runtime not in able]:
                 queue.remove(task)
                 why = (f"no live node of type {node_type!r} is left" if not nodes else
                        f"no node of type {node_type!r} has a baseline of runtime {task.job.attempt.runtime!r} "
                        "(it failed there)")
                 self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}")
+        if self._screens and not any(n.alive and "onnxruntime" in _baselines_of(n) for n in self._nodes):
+            while self._screens:
+                self._screen_lost(self._screens.popleft(), "no live node has a baseline to screen it against")
 
-    def _collect(self, node: _Node, ref: Any) -> None:
+    def _screen_lost(self, task: ScreenTask, why: str, *, retry: bool = False) -> None:  # sent again once when `retry`
+        if retry and task.retried is None:
+            task.retried = why
+            self._screens.appendleft(task)
+            return
+        self._screened[task.job.seq] = Screened(None, None, None, error=why)
+        self._done(task)
+
+    def _collect(self, node: Node, ref: Any) -> None:
         """Logs the record `node` returned as `ref`; a node that died costs each attempt sent to it one retry on
         another node."""
         ray = import_ray()
         task = next(t for t, r in node.sent if r == ref)
         try:
-            returned: Returned = ray.get(ref)
+            returned: Returned | Screened = ray.get(ref)
         except ray.exceptions.RayActorError as e:  # the node (or its measurer) died
             if node.alive:  # the first of its tasks to say so: the one it was measuring is the first sent
                 node.alive, node.cut = False, node.sent[0][0]
                 self._drop_own(node)
             node.sent = [(t, r) for t, r in node.sent if r != ref]
+            if isinstance(task, ScreenTask):
+                self._screen_lost(task, f"node {node.info.node_id} died: {one_line(str(e), 200)}", retry=True)
+                return
             if task is not node.cut:  # sent, not started: measured by another node as if never sent
                 self._queues[task.node_type].appendleft(task)
                 return
@@ -326,9 +326,17 @@ class Fanout:
             return
         except ray.exceptions.RayError as e:
             node.sent = [(t, r) for t, r in node.sent if r != ref]
-            self._log_failed(task, f"its node could not measure it: {one_line(str(e))}", node=node.info)
+            if isinstance(task, ScreenTask):
+                self._screen_lost(task, f"its node could not screen it: {one_line(str(e))}")
+            else:
+                self._log_failed(task, f"its node could not measure it: {one_line(str(e))}", node=node.info)
             return
         node.sent = [(t, r) for t, r in node.sent if r != ref]
+        if isinstance(task, ScreenTask) or isinstance(returned, Screened):  # a screen's answer is a screen's
+            assert isinstance(task, ScreenTask) and isinstance(returned, Screened)
+            self._screened[task.job.seq] = returned
+            self._done(task)
+            return
         assert self._work is not None  # made when the nodes started
         folder = self._work / f"{task.job.seq}-{node.info.node_id[:12]}"
         try:
@@ -344,7 +352,7 @@ class Fanout:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    def _log(self, task: _Task, record: AttemptRecord, *, measured: bool) -> None:
+    def _log(self, task: Task, record: AttemptRecord, *, measured: bool) -> None:
         """Logs a record under the study run (else keeps it in the outbox), saying against which baseline it was
         judged; its row joins the study's. A node's baseline that did not give its type's baseline row, or that
         its node did not measure to the end (`measured` False), is tagged as that node's own."""
@@ -362,20 +370,21 @@ class Fanout:
         self.recorded.add(task.job.seq, record, logged)
         self._done(task)
 
-    def _drop_own(self, node: _Node) -> None:
+    def _drop_own(self, node: Node) -> None:
         """Forgets the baselines a node that stopped was still to measure: they were its own."""
         while node.own:
             self._done(node.own.popleft())
 
-    def _done(self, task: _Task) -> None:
+    def _done(self, task: Task | ScreenTask) -> None:
         """A task logged or dropped: its attempt waits for one task less, and its model, used by no task left, is
         freed from the object store."""
-        self._pending[task.job.seq] -= 1
+        if isinstance(task, Task):
+            self._pending[task.job.seq] -= 1
         self._models[task.model_key][1] -= 1
         if not self._models[task.model_key][1]:
             del self._models[task.model_key]
 
-    def _log_failed(self, task: _Task, why: str, *, node: NodeInfo | None = None) -> None:
+    def _log_failed(self, task: Task, why: str, *, node: NodeInfo | None = None) -> None:
         """Logs a FAILED run of an attempt the nodes did not measure, or not to the end, saying why."""
         attempt = task.job.attempt
         tags = {**task.job.tags, TAG_NODE_TYPE: task.node_type, **({TAG_NODE: node.node_id} if node else {})}
@@ -383,3 +392,9 @@ class Fanout:
                                params=attempt_params(attempt), tags=tags)
         logger.error("attempt %s failed: %s", attempt.name, why)
         self._log(task, record, measured=False)
+
+
+def _baselines_of(node: Node) -> set[str]:
+    """The runtimes `node` has a baseline of, or is to measure one of."""
+    coming = [t.job for t in [*node.own, *(task for task, _ in node.sent)] if isinstance(t, Task) and t.job.baseline]
+    return node.runtimes | {job.attempt.runtime for job in coming}

@@ -1,6 +1,7 @@
 """The measuring side of a cluster: one `NodeMeasurer` per node (a Ray actor holding the node's `tracker_slot`)
-measures the study's attempts there one at a time, each against the baseline it measured itself, in its own
-process, as a local study does; it returns each record, and never talks to the tracking store."""
+measures the study's attempts (and a search's screens) there one at a time, each against the baseline it measured
+itself, in its own process, as a local study does; it returns each record (or screen), and never talks to the
+tracking store."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ import numpy as np
 
 from tracker.base.keys import TAG_NODE, TAG_NODE_TYPE
 from tracker.base.memory import release_free_memory
-from tracker.cluster.wire import Job, ModelFiles, Returned, pack_record
+from tracker.cluster.wire import Job, ModelFiles, Returned, ScreenJob, pack_record
 from tracker.measure.attempt import AttemptResult
 from tracker.measure.environment import cpu_model
 from tracker.pipeline import AttemptSetup, measure_machine_or_none, measure_record
+from tracker.search.screen import screen_speed
+from tracker.search.screening import Screened
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +103,21 @@ class NodeMeasurer:
                 shutil.rmtree(folder, ignore_errors=True)
         release_free_memory()
         return Returned(record=packed, steps=dict(measured.result.steps.seconds))
+
+    def screen(self, job: ScreenJob, model: ModelFiles) -> Screened:
+        """Times a search's candidate against this node's baseline (`search.screen.screen_speed`): a screen, no run.
+        The driver sends none before this node has its baseline."""
+        baseline = self._baselines.get("onnxruntime")
+        assert baseline is not None, "no onnxruntime baseline on this node"
+        folder = self._work / f"screen-{job.seq}"
+        try:
+            candidate = dataclasses.replace(job.candidate, path=model.write(folder))
+            found, raced_out = screen_speed(candidate, baseline.attempt, self._feeds, session=job.session,
+                                            config=job.config, must_beat=job.must_beat)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            release_free_memory()
+        return Screened(found, raced_out, self.info.node_id)
 
     def close(self) -> None:
         """Removes this measurer's work folder (the driver calls it before it stops the measurer)."""

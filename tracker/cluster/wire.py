@@ -1,5 +1,6 @@
 """What travels between the driver and a node, as bytes through Ray's object store: an attempt's model files out,
-its record back in the outbox's format (`tracker.run.record`: `record.json` and the files it names, in one tar)."""
+its record back in the outbox's format (`tracker.run.record`: `record.json` and the files it names, in one tar); a
+search candidate's model files out, its screen's figures back."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from tracker.base.errors import RecordError
 from tracker.base.model_io import load_model
 from tracker.base.terminal import one_line
 from tracker.measure.attempt import Attempt
+from tracker.measure.runtimes.ort_runtime import SessionConfig
+from tracker.measure.timing.speedup import SpeedupConfig
+from tracker.optimize import Candidate
 from tracker.run.record import AttemptRecord, load_record, save_record
 
 MODEL_FILE = "model.onnx"  # the name of a model that travels from memory
@@ -61,6 +65,19 @@ class Job:
     attempt: Attempt
     tags: dict[str, str]
     baseline: bool
+
+
+@dataclass(frozen=True)
+class ScreenJob:
+    """A search's speed screen of one candidate on one node, against that node's baseline (`NodeMeasurer.screen`):
+    the candidate (its model travels beside it: here `candidate.path` is only the model file's name), the session
+    settings, the screen's length and the bar it must beat (racing)."""
+
+    seq: int
+    candidate: Candidate
+    session: SessionConfig
+    config: SpeedupConfig
+    must_beat: float | None
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,10 @@ class Budget:
         """Whether one more `kind` fits in what is left, keeping `reserve` seconds for later stages."""
         return self.left() - reserve >= self.expected(kind, default)
 
+    def covers(self, candidates: int, *, each: float, reserve: float) -> int:
+        """How many of `candidates` more fit at `each` seconds apiece, keeping `reserve` seconds (all: no limit)."""
+        return candidates if self.seconds is None else min(candidates, max(0, int((self.left() - reserve) / each)))
+
     @contextlib.contextmanager
     def timing(self, kind: str) -> Iterator[None]:
         """Counts the block's wall time as one `kind` of work (also when it raises)."""

@@ -52,6 +52,14 @@ class Cached:
     screens: dict[str, dict] = field(default_factory=dict)
     made_s: float = 0.0  # what making it took, the first time
 
+    def expected(self) -> float | None:
+        """What this candidate is expected to reach, from what was measured of it: its screen's speed-up when it passed
+        its check, 0 when it failed (last in line), None when it was checked but never screened."""
+        if not self.passed:
+            return 0.0
+        figures = self.screens.get("long_screen") or self.screens.get("screen")
+        return None if figures is None else float(figures["speedup"])
+
     def screen(self, kind: str, must_beat: float) -> tuple[Speedup, str | None] | None:
         """The screen of this `kind` judged against `must_beat` now: (its figures, why it is raced out or None);
         None when there is none, or when it was cut short against a leader this search has not (time it again)."""
@@ -98,6 +106,14 @@ class SearchCache:
                  "isa": ",".join(name for name, has in isa().items() if has)}
         context = hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
         return cls(root, context, Path(source), max_bytes=max_bytes, fresh=fresh)
+
+    def reused_line(self) -> str:
+        """What this search took from the cache, for the log."""
+        if not self.reused:
+            return "nothing reused (a first search of this model here, or --fresh)"
+        named = "; ".join(f"{name} ({what})" for name, what in list(self.reused.items())[:5])
+        more = f"; and {len(self.reused) - 5} more" if len(self.reused) > 5 else ""
+        return f"reused {len(self.reused)} candidate(s): {named}{more}"
 
     def _folder(self, entry: Entry) -> Path:
         steps = entry.steps if isinstance(entry, Chain) else (entry,)

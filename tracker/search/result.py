@@ -15,6 +15,7 @@ import numpy as np
 from tracker.base.keys import (
     TAG_ATTEMPT,
     TAG_FALLBACK_OF,
+    TAG_NODE,
     TAG_PIPELINE,
     TAG_SEARCH_REASON,
     TAG_SEARCH_STAGE,
@@ -78,6 +79,7 @@ class Row:
     screen_speedup: float | None = None
     screen_ci_low: float | None = None
     screen_ci_high: float | None = None
+    node: str | None = None  # the cluster node that screened it (None: here)
     size_bytes: int | None = None
     fallback_of: str | None = None
     pipeline: str | None = None
@@ -117,6 +119,8 @@ class SearchResult:
                 tags[TAG_PIPELINE] = row.pipeline
             if row.fallback_of:
                 tags[TAG_FALLBACK_OF] = row.fallback_of
+            if row.node:
+                tags[TAG_NODE] = row.node
             metrics = {"search.screen_speedup": row.screen_speedup, "search.screen_ci_low": row.screen_ci_low,
                        "search.screen_ci_high": row.screen_ci_high, "search.margin": row.margin,
                        "model.size_bytes": row.size_bytes, **row.diff}

@@ -30,14 +30,15 @@ from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.attempt import Attempt
 from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.measure.timing.speedup import Speedup
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
 from tracker.optimize.quantize.prepare import model_bytes
+from tracker.profile.parse import Profile
 from tracker.search.budget import Budget
 from tracker.search.cache import Cached, SearchCache
-from tracker.search.priors import prior_order
+from tracker.search.priors import op_time, prior_order
 from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
-from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text, screen_speed
+from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text
+from tracker.search.screening import Remote, Screens
 from tracker.search.sensitivity import Sensitivity, fallback
 from tracker.search.space import by_family, candidates, family, interleave
 
@@ -55,6 +56,7 @@ def run_search(
     tolerance: TaskTolerance | Mapping[str, TaskTolerance], optimize: Optimize, workdir: Path,
     config: SearchConfig = SearchConfig(), info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
     full_attempt_s: float = 60.0, prepared: Path | None = None, text: TextCheck | None = None,
+    remote: Remote | None = None, profile: Profile | None = None,
 ) -> SearchResult:
     """Searches the registry's entries and knobs for the fastest candidate that passes the task's check.
 
@@ -71,6 +73,9 @@ def run_search(
             finds the leaders' there too (default: under `workdir`).
         text: a language model's check on real text (the study's, its baseline scored): every candidate, and every
             retry of the sensitivity fallback, is judged by it instead of by `tolerance` on the feeds.
+        remote: a cluster that screens the candidates on its nodes, several at once, each against its own baseline
+            (`Fanout`); `optimize` then sends the leaders there too. None: every screen runs here, against `baseline`.
+        profile: the baseline's profile: the cost model orders a family no prior holds by its ops' share of the time.
     """
     budget = Budget(config.budget_s)
     context = Context(info=info, feeds=feeds, work=prepared or workdir / "prepared")
@@ -79,17 +84,14 @@ def run_search(
     if config.cache_dir is not None and text is None:  # an LM judged on text is not cached yet
         search.cache = SearchCache.open(Path(config.cache_dir), source=Path(source), feeds=feeds,
                                         judged_by=repr(tolerance), session=session, fresh=config.fresh)
+    search.screens, search.profile = Screens(baseline, feeds, session, budget, search.cache, remote), profile
     try:
         search.run()
     finally:
         for folder in workdir.glob("made-*"):
             shutil.rmtree(folder, ignore_errors=True)
     if search.cache is not None:
-        reused = search.cache.reused
-        named = "; ".join(f"{name} ({what})" for name, what in list(reused.items())[:5])
-        logger.info("search cache %s: %s", search.cache.root, "nothing reused (a first search of this model here, "
-                    "or --fresh)" if not reused else f"reused {len(reused)} candidate(s): {named}"
-                    + (f"; and {len(reused) - 5} more" if len(reused) > 5 else ""))
+        logger.info("search cache %s: %s", search.cache.root, search.cache.reused_line())
     return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent(),
                         leaders=search.leaders)
 
@@ -109,7 +111,10 @@ class _Search:
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))  # seconds per stage
         self.expected: dict[str, float] = {}  # each family's expected speed-up (`priors.prior_order`)
         self.cache: SearchCache | None = None
+        self.screens = Screens(baseline, feeds, session, budget, None)  # `run_search` sets its own
         self.cached: dict[str, Cached] = {}  # what the cache held of each candidate
+        self.hits: dict[str, Cached | None] = {}  # the cache's entries read to order the candidates, until used
+        self.profile: Profile | None = None  # the baseline's, for the cost model's share of each op's time
         self.leaders: list[tuple[float, str]] = []  # (seconds into the search, name) each time the leader changed
 
     # -- bookkeeping
@@ -135,7 +140,11 @@ class _Search:
         for name, why in refused.items():
             self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
         mixed = interleave(by_family(found).values())
-        order, self.expected, why = prior_order(mixed, [family(e) for e in mixed], graph)
+        self.hits = {e.name: self.cache.get(e) for e in mixed} if self.cache is not None else {}
+        measured = {n: hit.expected() for n, hit in self.hits.items() if hit is not None}
+        order, self.expected, why = prior_order(
+            mixed, [family(e) for e in mixed], graph, measured={n: v for n, v in measured.items() if v is not None},
+            op_time=op_time(self.profile) if self.profile is not None else None)
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
         logger.info("search order: %s", why)
@@ -151,6 +160,8 @@ class _Search:
             if row is not None and entry.name in self.made and (row.passed or "exclude" in entry.knobs()):
                 with self.stages.step("speed_screen"):
                     self._screen_if_it_fits(entry.name)
+        with self.stages.step("speed_screen"):
+            self._screened(wait=True)  # those a cluster's nodes are still timing
         self._drop_unrescuable()
         with self.stages.step("fallback"):
             self._fallbacks()
@@ -160,14 +171,13 @@ class _Search:
     def _forecast(self, candidates: int) -> None:
         """Logs how much of the space the budget is expected to cover, from what making and checking cost so far,
         with the reserve kept for the full measurement of the leaders."""
-        if self.config.budget_s is None:
-            return
         each = self.budget.expected("make", _GUESS_S["make"]) + self.budget.expected("screen", _GUESS_S["screen"])
         reserve = self.config.max_full * self.budget.expected("full", self.full_attempt_s)
-        fits = max(0, int((self.budget.left() - reserve) / each)) + 2
-        logger.info("search, budget: ~%d of the %d candidates fit (~%.1f s each to make, check and screen; %.0f s "
-                    "kept for the full measurement of %d leaders)%s", min(fits, candidates), candidates, each, reserve,
-                    self.config.max_full, "" if fits >= candidates else ": the prior's order decides which")
+        fits = self.budget.covers(candidates - 2, each=each, reserve=reserve) + 2
+        if self.config.budget_s is not None:
+            logger.info("search, budget: ~%d of the %d candidates fit (~%.1f s each to make, check and screen; %.0f s "
+                        "kept for the full measurement of %d leaders)%s", fits, candidates, each, reserve,
+                        self.config.max_full, "" if fits >= candidates else ": the prior's order decides which")
 
     def _make_and_check(self, entry: Entry, *, stage: str, fallback_of: str | None = None) -> Row | None:
         if entry.name in self.by_name:
@@ -206,7 +216,7 @@ class _Search:
     def _from_cache(self, entry: Entry, row: Row) -> bool:
         """Fills `row` from the cache's check of `entry` (and makes its cached model the candidate); False on a miss,
         or when the model it needs is not there."""
-        hit = self.cache.get(entry) if self.cache is not None else None
+        hit = self.hits.pop(entry.name) if entry.name in self.hits else self.cache.get(entry) if self.cache else None
         if hit is None or (hit.candidate is None and (hit.passed or "exclude" in entry.knobs())):
             return False
         row.precision, row.passed, row.margin = hit.precision, hit.passed, hit.margin
@@ -230,35 +240,34 @@ class _Search:
                               workdir=self.workdir / "text" / Path(candidate.path).parent.name)
         return check_accuracy(candidate, self.feeds, self.baseline_outputs, self.tolerance, session=self.session)
 
-    def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen") -> None:
+    def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen", *, wait: bool = True) -> None:
+        """Screens `name` against the baseline (here, or on a cluster's node: then `wait` False goes on at once),
+        and applies every screen that ended meanwhile."""
         entry, candidate = self.made[name]
-        row = self.by_name[name]
         # Racing: it must beat the baseline, and the lower bound of the best passing candidate screened so far.
-        leader = max([r.screen_ci_low for r in self.rows if r.passed and r.screen_ci_low is not None and r is not row],
-                     default=1.0)
-        cached = self._cached_screen(name, kind, max(1.0, leader))
-        try:
-            if cached is not None:
-                found, raced_out = cached
-            else:
-                with self.budget.timing(kind):
-                    found, raced_out = screen_speed(candidate, self.baseline, self.feeds, session=self.session,
-                                                    config=config, must_beat=max(1.0, leader))
-                if self.cache is not None:
-                    self.cache.put_screen(entry, kind, found, raced_out)
-        except Exception as e:  # noqa: BLE001
-            reraise_if_received(e)
-            row.status, row.reason = "failed", f"speed screen: {type(e).__name__}: {e}"[:300]
-            return
-        row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
-        row.stage = "speed_screen"
-        logger.info("search, speed screen: %s %.2fx [%.2f, %.2f]%s%s", name, found.speedup, found.ci_low,
-                    found.ci_high, "" if row.passed else " (failed its accuracy check)",
-                    f": {raced_out}" if raced_out else "")
-        self._note_leader(row)
-        if raced_out:  # it cannot win: out of the running now, not after more timing
-            row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
-            self._drop(name)
+        leader = max([r.screen_ci_low for r in self.rows if r.passed and r.screen_ci_low is not None
+                      and r.name != name], default=1.0)
+        self.screens.start(name, entry, candidate, kind=kind, config=config, must_beat=max(1.0, leader),
+                           cached=self.cached.get(name))
+        self._screened(wait=wait)
+
+    def _screened(self, *, wait: bool) -> None:
+        for name, kind, screened in self.screens.finished(wait=wait):
+            row, found, raced_out = self.by_name[name], screened.speedup, screened.raced_out
+            if found is None:
+                row.status, row.reason = "failed", f"speed screen: {screened.error}"
+                self._drop(name)
+                continue
+            row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
+            row.stage, row.node = "speed_screen", screened.node_id
+            logger.info("search, %s: %s %.2fx [%.2f, %.2f]%s%s%s", kind.replace("_", " "), name, found.speedup,
+                        found.ci_low, found.ci_high, "" if row.passed else " (failed its accuracy check)",
+                        f" on node {screened.node_id[:12]}" if screened.node_id else "",
+                        f": {raced_out}" if raced_out else "")
+            self._note_leader(row)
+            if raced_out:  # it cannot win: out of the running now, not after more timing
+                row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
+                self._drop(name)
 
     def _note_leader(self, row: Row) -> None:
         lows = [(r.screen_ci_low, r.name) for r in self.rows if r.passed and r.screen_ci_low is not None]
@@ -270,7 +279,7 @@ class _Search:
 
     def _screen_if_it_fits(self, name: str) -> None:
         if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
-            self._screen(name)
+            self._screen(name, wait=False)
             return
         row = self.by_name[name]
         row.status = "skipped"
@@ -281,12 +290,6 @@ class _Search:
             row = self.by_name[name]
             if not row.passed and ("exclude" not in self.made[name][0].knobs() or row.screen_speedup is None):
                 self._drop(name)
-
-    def _cached_screen(self, name: str, kind: str, must_beat: float) -> tuple[Speedup, str | None] | None:
-        found = self.cached[name].screen(kind, must_beat) if name in self.cached else None
-        if found is not None:
-            self.cache.reused[name] += f", {kind}"  # type: ignore[union-attr]  # cached screens come from it
-        return found
 
     def _best_passing_screen(self) -> float:
         return max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)

@@ -40,10 +40,14 @@ def check_accuracy(
 
     Outputs with NaN where the baseline has none fail the check, as in a full attempt.
     """
-    attempt = _screen_attempt(candidate, session)
-    run = get_runtime(attempt.runtime).runner(attempt, None)
-    diff = tolerance_for(tolerance, candidate.precision).compare(baseline_outputs, run(dict(feeds)))
+    outputs = outputs_of(_screen_attempt(candidate, session), feeds)
+    diff = tolerance_for(tolerance, candidate.precision).compare(baseline_outputs, outputs)
     return AccuracyCheck(bool(diff.passed), float(accuracy_margin(diff)), dict(diff.metrics()))
+
+
+def outputs_of(attempt: Attempt, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """`attempt`'s outputs on `feeds`, from one run in its runtime (no timing)."""
+    return list(get_runtime(attempt.runtime).runner(attempt, None)(dict(feeds)))
 
 
 def check_text(candidate: Candidate, text: TextCheck, *, session: SessionConfig, workdir: Path) -> AccuracyCheck:

@@ -114,8 +114,6 @@ class OwnModelConfig:
         if self.budget_s is not None and not self.budget_s > 0:
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
         if self.cluster:
-            if self.search:
-                raise ValueError("--search is not supported on a cluster yet: run it without --cluster")
             Address.parse(self.cluster)  # a malformed address: before any work
 
     def _check_text(self) -> None:
