@@ -19,7 +19,7 @@ import pytest
 from onnx import numpy_helper
 
 from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
-from tests.search.conftest import make_sensitive_mlp
+from tests.search.conftest import SENSITIVE, make_sensitive_mlp
 from tracker.api import Study
 from tracker.cli import main
 from tracker.measure.accuracy.task_diff import task_tolerances
@@ -122,6 +122,25 @@ def test_the_leader_is_measured_as_the_search_made_it_and_from_the_cache_made_ne
     run = next(r for r in store.search_runs([store.get_experiment_by_name("cached").experiment_id])
                if r.info.run_name == leaders[0] and r.data.tags.get("tracker.role") == "attempt")
     assert run.data.metrics["optimize.seconds"] > 0, "the leader's run logs what making it took, the first time"
+
+
+def test_the_sensitivity_fallback_is_kept_and_a_second_search_reuses_it(store, sensitive_mlp, tmp_path, caplog):
+    path, feeds = sensitive_mlp
+    config = SearchConfig(entries=("int8_dynamic",), per_entry=1, max_chains=0, cache_dir=tmp_path / "cache")
+    caplog.set_level(logging.INFO, logger="tracker")
+    with Study("fallback-first", feeds=feeds, config=FAST, experiment="cached", log_models=False) as study:
+        first = study.search(path, tolerance=task_tolerances("regression"), config=config)
+    assert "sensitivity of int8_dynamic: block" in caplog.text
+    caplog.clear()
+
+    with Study("fallback-again", feeds=feeds, config=FAST, experiment="cached", log_models=False) as study:
+        second = study.search(path, tolerance=task_tolerances("regression"), config=config)
+
+    assert "sensitivity of int8_dynamic: block" not in caplog.text, "the leave-one-out runs are not made again"
+    assert "int8_dynamic (check, screen, sensitivity)" in caplog.text
+    assert [s.kept for s in second.sensitivities] == [s.kept for s in first.sensitivities] == [(SENSITIVE,)]
+    assert second.sensitivities[0].rows == first.sensitivities[0].rows  # the report's table, as measured
+    assert any(r.name == "int8_dynamic.fp32-1" and r.status == "timed" for r in second.rows)
 
 
 def test_one_weight_changed_is_a_miss(store, mlp, tmp_path, caplog):

@@ -29,6 +29,7 @@ from tracker.base.files import read_small_file
 from tracker.measure.environment import cpu_model, isa
 from tracker.measure.timing.speedup import Speedup
 from tracker.optimize import Candidate, Chain, Entry
+from tracker.search.sensitivity import Sensitivity
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,17 @@ class Cached:
     candidate: Candidate | None
     screens: dict[str, dict] = field(default_factory=dict)
     made_s: float = 0.0  # what making it took, the first time
+    sensitivity: dict | None = None  # the sensitivity fallback's outcome on it (`put_sensitivity`)
+
+    def sensitivity_of(self, entry: Entry) -> Sensitivity | None:
+        """The sensitivity fallback an earlier search ran on this failing candidate (`entry`), or None."""
+        data = self.sensitivity
+        if data is None:
+            return None
+        kept = tuple(data["kept"])
+        return Sensitivity(entry, rows=list(data["rows"]), tried=[tuple(t) for t in data["tried"]],
+                           found=entry.variant(exclude=kept) if kept else None, kept=kept,
+                           seconds=float(data["seconds"]), stopped=str(data["stopped"]))
 
     def expected(self) -> float | None:
         """What this candidate is expected to reach, from what was measured of it: its screen's speed-up when it passed
@@ -143,7 +155,7 @@ class SearchCache:
             found = Cached(passed=bool(data["passed"]), margin=float(data["margin"]), metrics=dict(data["metrics"]),
                            precision=str(data["precision"]), params=dict(data["params"]),
                            size_bytes=int(data["size_bytes"]), candidate=candidate, screens=dict(data["screens"]),
-                           made_s=float(data.get("made_s", 0.0)))
+                           made_s=float(data.get("made_s", 0.0)), sensitivity=data.get("sensitivity"))
         except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             logger.warning("search cache: the entry of %s in %s cannot be read (%s: %s); it is ignored and measured "
                            "again", entry.name, folder, type(e).__name__, e)
@@ -172,16 +184,27 @@ class SearchCache:
 
     def put_screen(self, entry: Entry, kind: str, found: Speedup, raced_out: str | None) -> None:
         """Adds a speed screen's figures to `entry`'s cached check (rewriting its `entry.json` whole)."""
+        self._add(entry, "screens", {kind: {"speedup": found.speedup, "ci_low": found.ci_low, "ci_high": found.ci_high,
+                                            "pairs": found.pairs, "rounds": found.rounds, "raced_out": raced_out}})
+
+    def put_sensitivity(self, entry: Entry, found: Sensitivity) -> None:
+        """Adds the sensitivity fallback's outcome on `entry` (not one the budget cut short: that is no answer)."""
+        if found.found is None and "budget" in found.stopped:
+            return
+        self._add(entry, "sensitivity", {"rows": found.rows, "tried": found.tried, "kept": list(found.kept),
+                                         "seconds": found.seconds, "stopped": found.stopped})
+
+    def _add(self, entry: Entry, key: str, value: dict) -> None:
+        """Adds `value` to `entry`'s cached `key` (a dict of screens, or the sensitivity), rewriting its file whole."""
         folder = self._folder(entry)
         try:
             data = json.loads((folder / _ENTRY_FILE).read_text())
-            data["screens"][kind] = {"speedup": found.speedup, "ci_low": found.ci_low, "ci_high": found.ci_high,
-                                     "pairs": found.pairs, "rounds": found.rounds, "raced_out": raced_out}
+            data[key] = {**(data.get(key) or {}), **value} if key == "screens" else value
             partial = folder / f"{_ENTRY_FILE}.{os.getpid()}.partial"
             partial.write_text(json.dumps(data))
             partial.replace(folder / _ENTRY_FILE)
         except (OSError, ValueError, KeyError) as e:
-            logger.warning("search cache: could not keep the screen of %s (%s: %s)", entry.name, type(e).__name__, e)
+            logger.warning("search cache: could not keep the %s of %s (%s: %s)", key, entry.name, type(e).__name__, e)
 
     def _write(self, entry: Entry, data: dict, *, model_dir: Path | None) -> None:
         folder = self._folder(entry)

@@ -1,14 +1,11 @@
 """The search: which candidates can still win, stage by stage, within a time budget.
 
 1. applicability: every entry and knob variant whose `requires` holds (the others are rows with the reason);
-2. accuracy: each candidate made and run once on the feeds, judged by the task with no timing; a failing
-   quantization that could still be the fastest gets the sensitivity fallback (fewest nodes kept in fp32);
-3. speed screen: a short interleaved timing against the baseline, then a longer one for the better half;
-4. the leaders measured in full (a nested attempt run each, with the calibrated speed-up and verdict).
-
-Chains (a faster fp32 graph, then the best quantization on it) join at stage 2. The answer is the study's best
-attempt (`rows.pick_best`), so the search and a plain study decide it alike. What it is given and answers (config,
-rows, result) is `tracker.search.result`'s.
+2. accuracy: each candidate made and run once on the feeds (in the prior's order), judged by the task with no
+   timing, then screened for speed at once (a race); a failing quantization that could still be the fastest gets the
+   sensitivity fallback (fewest nodes kept in fp32), a fast fp32 graph a chain with the best quantization;
+3. the better half screened again, longer; the leaders measured in full (a nested attempt run each, with the
+   calibrated speed-up and verdict). The answer is the study's best attempt (`rows.pick_best`), as without a search.
 """
 
 from __future__ import annotations
@@ -291,11 +288,8 @@ class _Search:
             if not row.passed and ("exclude" not in self.made[name][0].knobs() or row.screen_speedup is None):
                 self._drop(name)
 
-    def _best_passing_screen(self) -> float:
-        return max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
-
     def _fallbacks(self) -> None:
-        best = self._best_passing_screen()
+        best = max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
         hopeful = [r for r in self.rows if r.passed is False and r.name in self.made and r.screen_speedup is not None
                    and r.pipeline is None and "exclude" in self.made[r.name][0].knobs() and r.screen_speedup > best]
         hopeful.sort(key=lambda r: -(r.screen_speedup or 0))
@@ -307,9 +301,15 @@ class _Search:
             logger.info("search, fallback: %s (%.2fx on the screen) failed its check: finding the nodes that cost "
                         "the accuracy", row.name, row.screen_speedup)
             with self.budget.timing("fallback"):
-                found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
-                                 self._check, by_projection=self.text is not None,
-                                 out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
+                found = self.cached[row.name].sensitivity_of(entry) if row.name in self.cached else None
+                if found is not None:
+                    self.cache.reused[row.name] += ", sensitivity"  # type: ignore[union-attr]  # a hit came from it
+                else:
+                    found = fallback(entry, self.source, self.workdir / "made-sensitivity" / row.name, self.context,
+                                     self._check, by_projection=self.text is not None,
+                                     out_of_time=lambda: self.budget.left() < self._reserve("fallback"))
+                    if self.cache is not None:
+                        self.cache.put_sensitivity(entry, found)
             self.sensitivities.append(found)
             if found.found is None:
                 row.reason += f"; fallback: {found.stopped}"
