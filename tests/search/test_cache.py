@@ -113,7 +113,10 @@ def test_the_leader_is_measured_as_the_search_made_it_and_from_the_cache_made_ne
     leaders = [r.name for r in first.rows if r.status == "timed"]
     assert leaders and all(made[name] == 1 for name in leaders), (leaders, made)
     best_low = max((r.screen_ci_low, r.name) for r in first.rows if r.passed and r.screen_ci_low is not None)
-    assert first.leaders[-1][1] == best_low[1] and first.first_led(best_low[1]) <= first.seconds, first.leaders
+    if best_low[0] > 1.0:  # a leader beats the baseline on the screen
+        assert first.leaders[-1][1] == best_low[1] and first.first_led(best_low[1]) <= first.seconds, first.leaders
+    else:
+        assert not first.leaders, first.leaders
     assert [s for s, _ in first.leaders] == sorted(s for s, _ in first.leaders)
     made.clear()
     second = _search(store, path, feeds, tmp_path / "cache", "made-never")

@@ -266,10 +266,10 @@ class _Search:
                 row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
                 self._drop(name)
 
-    def _note_leader(self, row: Row) -> None:
+    def _note_leader(self, row: Row) -> None:  # the leader: the best passing lower bound, above the baseline's 1.0
         lows = [(r.screen_ci_low, r.name) for r in self.rows if r.passed and r.screen_ci_low is not None]
         leader = max(lows, default=None)
-        if row.passed and leader is not None and leader[1] == row.name and (
+        if row.passed and leader is not None and leader[1] == row.name and leader[0] > 1.0 and (
                 not self.leaders or self.leaders[-1][1] != row.name):
             self.leaders.append((self.budget.spent(), row.name))
             logger.info("search: %s leads after %.0f s (lower bound %.2fx)", row.name, self.leaders[-1][0], leader[0])
