@@ -58,11 +58,21 @@ def smollm2(smollm2_gguf, tmp_path_factory):
     return exported.path, good.path, broken, TextSet(text.eval_ids, text.prompt_ids)
 
 
-def test_the_bounds_pass_the_kept_int4_and_reject_a_broken_one_the_seeded_check_would_pass(smollm2, tmp_path):
-    baseline, good, broken, text = smollm2
+@pytest.fixture(scope="module")
+def scored(smollm2, tmp_path_factory):
+    """A check on the real text with the fp32 baseline scored once for every test: (the check, its reference)."""
+    baseline, _, _, text = smollm2
     check = TextCheck(text, load_bounds())
+    reference = check.measure(baseline, SessionConfig(), precision="fp32", workdir=tmp_path_factory.mktemp("ref"),
+                              reference=True)
+    return check, reference
+
+
+def test_the_bounds_pass_the_kept_int4_and_reject_a_broken_one_the_seeded_check_would_pass(smollm2, scored,
+                                                                                           tmp_path):
+    _, good, broken, _ = smollm2
+    check, reference = scored
     session = SessionConfig()
-    reference = check.measure(baseline, session, precision="fp32", workdir=tmp_path / "b", reference=True)
     assert reference.passed and 10 < reference.perplexity < 40  # a trained model on English text
     kept = check.measure(good, session, precision="int4", workdir=tmp_path / "g")
     bad = check.measure(broken, session, precision="int4", workdir=tmp_path / "x")
@@ -73,15 +83,13 @@ def test_the_bounds_pass_the_kept_int4_and_reject_a_broken_one_the_seeded_check_
     assert bad.top1_agreement >= LOGITS_INT4.min_top1
 
 
-def test_int4_with_each_blocks_mean_error_added_back_is_the_q4_1_file_itself(smollm2, tmp_path):
+def test_int4_with_each_blocks_mean_error_added_back_is_the_q4_1_file_itself(smollm2, scored, tmp_path):
     """SmolLM2's weights are Q4_1 blocks of 32 (a float minimum each): int4 blocks with integer zero points and their
     mean rounding error added back (`block_bias`) reproduce them, so with float compute the model is the baseline:
     the known answer of the int4 weight path on real weights and real text (uncorrected: +24 % or more)."""
-    baseline, _, _, text = smollm2
+    baseline = smollm2[0]
     exact = get_entry("int4_block32:symmetric=false:block_bias=true:accuracy_level=0:lm_head=fp32")(
         baseline, tmp_path / "exact", Context())
-    check = TextCheck(text, load_bounds())
-    session = SessionConfig()
-    check.measure(baseline, session, precision="fp32", workdir=tmp_path / "b", reference=True)
-    quality = check.measure(exact.path, session, precision="int4", workdir=tmp_path / "e")
+    check, _ = scored
+    quality = check.measure(exact.path, SessionConfig(), precision="int4", workdir=tmp_path / "e")
     assert abs(quality.ppl_increase) < 0.005 and quality.top1_agreement > 0.97, quality
