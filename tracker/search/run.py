@@ -138,10 +138,9 @@ class _Search:
             self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
         mixed = interleave(by_family(found).values())
         self.hits = {e.name: self.cache.get(e) for e in mixed} if self.cache is not None else {}
-        measured = {n: hit.expected() for n, hit in self.hits.items() if hit is not None}
-        order, self.expected, why = prior_order(
-            mixed, [family(e) for e in mixed], graph, measured={n: v for n, v in measured.items() if v is not None},
-            op_time=op_time(self.profile) if self.profile is not None else None)
+        measured = {n: v for n, hit in self.hits.items() if hit is not None and (v := hit.expected()) is not None}
+        order, self.expected, why = prior_order(mixed, [family(e) for e in mixed], graph, measured=measured,
+                                                op_time=op_time(self.profile) if self.profile is not None else None)
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
                     "none" if self.config.budget_s is None else f"{self.config.budget_s:.0f} s")
         logger.info("search order: %s", why)

@@ -52,10 +52,6 @@ class Screens:
         self._sent: dict[int, tuple[str, str, Entry]] = {}  # a cluster's screen number -> (name, kind, entry)
         self._done: list[tuple[str, str, Screened]] = []
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._sent)
-
     def start(self, name: str, entry: Entry, candidate: Candidate, *, kind: str, config: SpeedupConfig,
               must_beat: float, cached: Cached | None) -> None:
         """Screens `candidate` against the baseline, to beat `must_beat` (racing): from the cache when it holds this

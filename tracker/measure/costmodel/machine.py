@@ -4,6 +4,7 @@ roofline."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -228,6 +229,7 @@ def _best_seconds(work, *, runs: int, min_seconds: float = 0.0) -> tuple[float, 
     return min(times), len(times)
 
 
+@functools.cache  # the machine's kernels do not change within a process: measured once (three studies of `-e main`)
 def kernel_speedups(*, n: int = 768, rows: int = 128, threads: int | None = None,
                     min_seconds: float = 0.2) -> dict[str, float]:
     """How much faster ONNX Runtime runs a quantized `rows` x `n` x `n` product here than the fp32 one, as the
