@@ -16,9 +16,17 @@ import sys
 from tracker.base.errors import TrackerError
 from tracker.base.termination import handle_sigterm
 from tracker.cluster import CLUSTER_HELP
-from tracker.experiment_args import add_measure_args, field_default, measure_config, session_config, setup_logging
+from tracker.experiment_args import (
+    add_measure_args,
+    field_default,
+    measure_config,
+    parse_flag,
+    session_config,
+    setup_logging,
+)
 from tracker.gpt2.families import supported
 from tracker.measure.generation.generation import GenerationConfig
+from tracker.search import parse_budget
 from tracker.studies.gpt2 import (
     DEFAULT_ATTEMPTS,
     SCENARIOS,
@@ -60,6 +68,11 @@ def add_gpt2_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-ppl-increase", type=_optional_fraction, default=None,
                         help="the largest perplexity increase any attempt may show on the text (0.05 is +5 %%); "
                         "default: each precision's bound (tracker/measure/accuracy/lm_bounds.toml)")
+    parser.add_argument("--search", nargs="?", const=True, default=False, type=parse_flag,
+                        help="search the decode chains (int4 block size, accuracy level, symmetry; the KV cache's "
+                        "type; IO binding; threads) for the fastest decode at the longest past that passes the "
+                        "generation check, instead of the fixed decode attempts; needs --scenarios forward,generation")
+    parser.add_argument("--budget", default="", help="wall time of --search, e.g. 20m, 90s (default: no limit)")
 
 
 def _joined(values: tuple) -> str:
@@ -112,6 +125,8 @@ def gpt2_config(args: argparse.Namespace) -> GPT2StudyConfig:
         cluster=args.cluster or None,
         text=TextConfig(path=args.text or None, dataset=args.text_dataset or None,
                         max_ppl_increase=args.max_ppl_increase),
+        search=args.search,
+        budget_s=parse_budget(args.budget) if args.budget.strip() else None,
     )
 
 

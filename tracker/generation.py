@@ -27,6 +27,7 @@ from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.optimize import Context, Entry, EntryError, ModelInfo
+from tracker.search.decode import DecodeTarget
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,14 @@ class GenerationScenario:
         return GenerationFigures({**result.metrics(), **diff.metrics(), BANDWIDTH: bandwidth},
                                  {"gen.io_binding": str(result.io_binding), "gen.quote": QUOTE, **diff.params()},
                                  dict(result.rooflines))
+
+    def target(self) -> DecodeTarget:
+        """What a decode search measures against (`tracker.search.decode`): this scenario's export, settings, and the
+        baseline's generation and text check."""
+        if self.baseline is None:
+            raise RuntimeError("measure the baseline's generation (measure_baseline) before a decode search")
+        return DecodeTarget(self.decoder, self.session, self.config, self.baseline.generation, self.tolerances,
+                            info=self.info, text=self.text)
 
     def _quality(self, model: Path, session: SessionConfig, precision: str, workdir: Path, *,
                  reference: bool = False) -> TextQuality | None:

@@ -48,6 +48,7 @@ from tracker.store import connect, write
 from tracker.summary import log_report, log_summary
 
 logger = logging.getLogger(__name__)
+PREPARED = "prepared"  # the work folder's pre-processed sources, which entries' variants share (`Context.work`)
 
 
 class Study:
@@ -108,7 +109,7 @@ class Study:
             self.steps.add(setup.prior_steps)
             self._started -= sum(setup.prior_steps.seconds.values())
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
-        self.search_result: SearchResult | None = None  # `search`
+        self.search_result: SearchResult | None = None  # `search`, `record_search`
         self._run_cm: AbstractContextManager[Any] | None = None  # the study run's, while the study is open
 
     def __enter__(self) -> Study:
@@ -212,7 +213,7 @@ class Study:
         found = get_entry(entry) if isinstance(entry, str) else entry
         name = name or found.name
         check_name("attempt", name)
-        context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._prepared)
+        context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._work / PREPARED)
         logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
         # A session entry makes nothing: no optimize step in the study's time table.
         step = nullcontext() if found.kind == Kind.SESSION else self.steps.step("optimize")
@@ -272,20 +273,24 @@ class Study:
         session = session or SessionConfig()
         baseline = self._search_baseline(Path(source), session, tolerance_for(tolerance, "fp32"))
         with self.steps.step("search"):
-            self.search_result = run_search(
+            return self.record_search(run_search(
                 Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
                 tolerance=tolerance, workdir=self._work / "search", config=config or SearchConfig(), info=info,
                 session=session, full_attempt_s=sum(baseline.steps.seconds.values()) or 60.0,
-                prepared=self._prepared, text=self.setup.quality, remote=self._cluster, profile=baseline.profile,
+                prepared=self._work / PREPARED, text=self.setup.quality, remote=self._cluster, profile=baseline.profile,
                 optimize=lambda entry, src, tags, made: self.optimize(entry, src, info=info, session=session,
                                                                       tolerance=tolerance, tags=tags, made=made),
-            )
+            ))
+
+    def record_search(self, result: SearchResult) -> SearchResult:
+        """Keeps a search's `result` for the report, its candidates timed only on the screen logged as light runs."""
+        self.search_result = result
         try:  # the table on the study run holds the same rows: losing these runs loses no figure
-            write.log_candidate_runs(self.search_result.candidate_runs(self.name))
+            write.log_candidate_runs(result.candidate_runs(self.name))
         except Exception as e:
             logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
                            "report/search_candidates.json holds them", type(e).__name__, e)
-        return self.search_result
+        return result
 
     def _search_baseline(self, source: Path, session: SessionConfig, tolerance: TaskTolerance) -> AttemptResult:
         """The onnxruntime baseline, measured if the study has none; on a cluster, its outputs computed here."""
@@ -305,10 +310,6 @@ class Study:
         if self._workdir is None:
             raise RuntimeError("use the Study in a `with` block: its work folder is made on entry")
         return self._workdir
-
-    @property
-    def _prepared(self) -> Path:  # the pre-processed sources entries' variants share (`Context.work`)
-        return self._work / "prepared"
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:
         """The model at `path` without its weights' values (`load_graph`), read once per study."""
@@ -349,8 +350,7 @@ class Study:
 
     @property
     def scenario_bests(self) -> dict[Phase, str | None]:
-        """The best attempt's name in each scenario the study measured: forward (`best`), and prefill and decode
-        when its attempts carry generation figures (`tracker.report.scenarios.scenario_bests`)."""
+        """The best attempt's name per scenario measured: forward (`best`), prefill and decode (`scenario_bests`)."""
         return scenario_bests(self.rows())
 
     def step_totals(self) -> tuple[StepTimes, float]:

@@ -206,6 +206,9 @@ def test_a_family_the_rewrites_do_not_know_gets_the_forward_attempts_and_the_rea
     [
         pytest.param({"scenarios": ("generation",)}, "forward included", id="no-forward"),
         pytest.param({"scenarios": ("forward", "chat")}, "some of", id="unknown-scenario"),
+        pytest.param({"scenarios": ("forward",), "search": True}, "add --scenarios forward,generation",
+                     id="search-without-generation"),
+        pytest.param({"budget_s": 60.0}, "add --search", id="budget-without-search"),
     ],
 )
 def test_the_study_config_refuses_scenarios_it_cannot_run(overrides, match):
@@ -239,6 +242,41 @@ def test_the_command_line_chooses_scenarios_and_past_lengths():
     chosen = gpt2_config(parser.parse_args(["--scenarios", "generation,forward", "--gen-past-lens", "8,32"]))
     assert chosen.scenarios == ("forward", "generation")
     assert chosen.generation.decode_past_lens == (8, 32) and chosen.generation.speedup_past_len == 32
+    assert default.search is False and default.budget_s is None
+    searched = gpt2_config(parser.parse_args(["--scenarios", "forward,generation", "--search", "--budget", "20m"]))
+    assert searched.search is True and searched.budget_s == 1200.0 and searched.attempt_names == ()
+    assert gpt2_config(parser.parse_args(["--search", "false", "--budget", ""])).search is False  # MLproject's
+
+
+@pytest.mark.slow
+def test_the_decode_search_logs_its_leaders_as_attempts_and_the_rest_as_candidate_runs(tmp_path, monkeypatch):
+    from tracker.studies.gpt2 import run_gpt2_study
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    config = _generation_study(attempts=None, search=True, decode_weights=("int4_block32", "fp32"))
+
+    study = run_gpt2_study(config, experiment="gen", workdir=tmp_path / "work")
+
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs([client.get_experiment_by_name("gen").experiment_id])
+    attempts = {r.info.run_name: r.data for r in runs if r.data.tags.get("tracker.role") != "candidate"}
+    candidates = [r.data for r in runs if r.data.tags.get("tracker.role") == "candidate"]
+    rows = study.search_result.rows
+    assert len(rows) == 2 * 2 * 3  # weights x cache x settings
+    leaders = {r.name for r in rows if r.status == "timed"}
+    assert 1 <= len(leaders) <= 3 and set(attempts) == {"gpt2", "baseline", *leaders}
+    for name in leaders:  # measured in full: the forward pass, and the decode against the baseline's
+        assert attempts[name].metrics["gen.decode.past32.speedup_ci_low"] > 0
+        assert attempts[name].tags["tracker.search.stage"] == "speed_screen"
+    assert len(candidates) == sum(r.screen_speedup is not None and r.status != "timed" for r in rows) > 0
+    assert all("gen.token_agreement" in c.metrics and c.metrics["search.screen_speedup"] > 0 for c in candidates)
+    study_run = attempts["gpt2"]
+    assert study_run.metrics["search.considered"] == 12.0
+    assert "report/search.html" in artifact_paths(client, study.run.info.run_id, "report")
+    assert study.scenario_bests["decode"] in leaders | {"baseline"}
 
 
 # --- a LLaMA-family folder ------------------------------------------------------------------------------------------

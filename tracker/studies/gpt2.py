@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +24,9 @@ from tracker.measure.generation.generation import GenerationConfig
 from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, ModelInfo, get_entry
+from tracker.search import SearchConfig
+from tracker.search.decode import DecodeSpace
+from tracker.search.decode_search import run_decode_search
 from tracker.store import connect
 
 if TYPE_CHECKING:
@@ -47,6 +51,9 @@ DECODE_ATTEMPTS = ("attention_fused+shared_kv+int4_block32+io_binding",
 # forward: one pass over seq_lens tokens (every attempt's run); generation: prefill, decode against a KV cache,
 # greedy generation, on a decode-ready export with the attempt's entry applied to it (gen.* on the same run).
 SCENARIOS = ("forward", "generation")
+# A decode chain measured in full (its forward attempt, its generation timed interleaved against the baseline's, its
+# text scored twice) takes ~3x the baseline's attempt: 220-250 s against ~80 s on SmolLM2, 2 cores.
+FULL_OVER_BASELINE = 3.0
 # What a study says it judged an LM by (the param `lm.check`).
 CHECK_QUALITY = "quality on real text: perplexity, top-1 along the text and greedy prompts within each precision's bound"
 CHECK_SAME_FUNCTION = ("same function: the logits on the study's inputs against the baseline's (LOGITS_TOLERANCES); "
@@ -112,6 +119,10 @@ class GPT2StudyConfig:
         cluster: the Ray address of a cluster to measure the forward scenario on (`tracker.cluster`); None: here.
         text: the real text a pretrained model is judged on, and its bounds; a model with seeded weights, or without
             a tokenizer, gets seeded random tokens and the same-function check only.
+        search: search the decode chains (`tracker.search.decode`) instead of running the fixed decode attempts; it
+            needs the generation scenario. Only the attempts named in `attempts` run besides.
+        budget_s: the search's wall-time budget in seconds (None: no limit).
+        decode_weights: the weights' quantizations the decode search tries (None: `decode.default_weights()`).
     """
 
     model: str | None = None
@@ -129,6 +140,9 @@ class GPT2StudyConfig:
     generation: GenerationConfig = field(default_factory=GenerationConfig)
     cluster: str | None = None
     text: TextConfig = field(default_factory=TextConfig)
+    search: bool = False
+    budget_s: float | None = None
+    decode_weights: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if "forward" not in self.scenarios or not set(self.scenarios) <= set(SCENARIOS):
@@ -141,6 +155,11 @@ class GPT2StudyConfig:
             raise ValueError(f"batch must be >= 1, got {self.batch}")
         if self.cluster and "generation" in self.scenarios:
             raise ValueError("the generation scenario is not supported on a cluster yet: run it without --cluster")
+        if self.search and "generation" not in self.scenarios:
+            raise ValueError("--search searches the decode chains: add --scenarios forward,generation (an LM's forward "
+                             "pass is searched by `tracker optimize MODEL --search --task lm`)")
+        if self.budget_s is not None and not self.search:
+            raise ValueError("--budget bounds a search: add --search")
         for spec in self.attempts or ():
             try:
                 get_entry(spec)
@@ -149,8 +168,8 @@ class GPT2StudyConfig:
 
     @property
     def attempt_names(self) -> tuple[str, ...]:
-        if self.attempts is not None:
-            return self.attempts
+        if self.attempts is not None or self.search:  # the search replaces the fixed attempts
+            return self.attempts or ()
         return DEFAULT_ATTEMPTS + (DECODE_ATTEMPTS if "generation" in self.scenarios else ())
 
 
@@ -297,9 +316,18 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
                            quality=TextCheck(checked, bounds) if checked is not None else None)
         with Study(name, feeds=feeds[config.headline_seq], experiment=experiment, config=config.measure,
                    params=params, setup=setup, cluster=config.cluster) as study:
+            start = time.perf_counter()
             study.attempt("baseline", exported.path, session=config.session, tolerance=LOGITS_FP32,
                           description=f"{title} exported with the {exported.exporter} exporter ({weights})",
                           metrics=baseline_metrics, params=baseline_params)
+            if config.search and scenario is not None and scenario.baseline is not None:
+                space = DecodeSpace(weights=config.decode_weights or ())
+                study.record_search(run_decode_search(
+                    scenario.target(), workdir=work / "search", space=space,
+                    config=SearchConfig(budget_s=config.budget_s), full_attempt_s=FULL_OVER_BASELINE * (
+                        time.perf_counter() - start),
+                    optimize=lambda entry, tags: study.optimize(entry, exported.path, info=info, session=config.session,
+                                                                tolerance=tolerances, tags=tags)))
             for name in config.attempt_names:
                 study.optimize(name, exported.path, info=info, session=config.session, tolerance=tolerances)
         return study

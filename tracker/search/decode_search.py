@@ -1,0 +1,239 @@
+"""The decode search's stages (`tracker.search.decode` has its space, check, screen and byte count): graphs made and
+checked in the order of the bytes a step reads, each graph's settings screened as they come (racing the leader), the
+leaders measured in full by the study, every candidate a row of the search's table with where it stopped and why."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import onnx
+
+from tracker.base.keys import TAG_SEARCH_STAGE
+from tracker.base.steps import StepTimes
+from tracker.base.termination import reraise_if_received
+from tracker.optimize import Candidate, Chain, Context, Entry
+from tracker.optimize.quantize.prepare import model_bytes
+from tracker.search.budget import Budget
+from tracker.search.decode import DecodeSpace, DecodeTarget, added_rounding, check_decode, screen_decode, step_bytes
+from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
+
+logger = logging.getLogger(__name__)
+
+# Until the search has measured one of its own, what a graph's make and check, and a screen, cost (seconds).
+_GUESS_S = {"make": 30.0, "screen": 15.0}
+
+Optimize = Callable[[Entry, Mapping[str, str]], object]  # measures and logs one leader in full (`Study.optimize`)
+
+
+def run_decode_search(target: DecodeTarget, *, optimize: Optimize, workdir: Path, space: DecodeSpace | None = None,
+                      config: SearchConfig = SearchConfig(), full_attempt_s: float = 120.0) -> SearchResult:
+    """Searches `space` for the fastest decode chain at the target's past that passes the generation check.
+
+    Args:
+        target: the generation scenario's decode-ready export, its baseline's generation and check.
+        optimize: measures and logs one leader in full, given its chain and its run's tags (`Study.optimize`).
+        workdir: where graphs are made (each removed once its settings are screened).
+        space: the decode knobs combined (default `DecodeSpace()`).
+        config: the budget and how many leaders are measured in full (`max_full`); the rest is the forward search's.
+        full_attempt_s: what a full attempt costs (the baseline's, with its generation), kept for the last stage.
+    """
+    search = _DecodeSearch(target, optimize, Path(workdir), config, Budget(config.budget_s), full_attempt_s)
+    try:
+        search.run(space or DecodeSpace())
+    finally:
+        shutil.rmtree(Path(workdir) / "made", ignore_errors=True)
+    return SearchResult(search.rows, [], search.stages.seconds, config.budget_s, search.budget.spent(),
+                        leaders=search.leaders)
+
+
+class _DecodeSearch:
+    def __init__(self, target: DecodeTarget, optimize: Optimize, workdir: Path, config: SearchConfig, budget: Budget,
+                 full_attempt_s: float) -> None:
+        self.target, self.optimize, self.workdir, self.config = target, optimize, workdir, config
+        self.budget, self.full_attempt_s = budget, full_attempt_s
+        self.rows: list[Row] = []
+        self.chains: dict[str, Chain] = {}
+        self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))
+        self.leaders: list[tuple[float, str]] = []
+
+    def _reserve(self) -> float:  # the full measurement of the leaders
+        return self.config.max_full * self.budget.expected("full", self.full_attempt_s)
+
+    def run(self, space: DecodeSpace) -> None:
+        with self.stages.step("applicability"):
+            graphs = self._ordered(space)
+        failed: list[tuple[str, frozenset[str], str]] = []  # (key, added rounding, name) of each graph that failed
+        for index, (graph, candidates) in enumerate(graphs):
+            rows = [self._row(c) for c in candidates]
+            key, added = added_rounding(graph)
+            worse = next((name for k, a, name in failed if k == key and a <= added), None)
+            if worse is not None:
+                for row in rows:  # screened out, not left by the budget
+                    row.reason = f"not tried: {worse} failed the generation check, and this only adds rounding to it"
+                continue
+            if not self.budget.fits("make", _GUESS_S["make"], reserve=self._reserve()):
+                for row in rows:
+                    row.status, row.reason = "skipped", "not tried: the budget was kept for the leaders"
+                continue
+            logger.info("decode search, graph %d/%d: %s (%d settings)", index + 1, len(graphs), graph.name,
+                        len(candidates))
+            folder = self.workdir / "made" / str(index)
+            with self.stages.step("accuracy"):
+                made = self._make_and_check(graph, rows, folder)
+            if made is not None:
+                with self.stages.step("speed_screen"):
+                    for chain, row in zip(candidates, rows):
+                        self._screen(chain, made, row)
+            elif rows[0].passed is False:
+                failed.append((key, added, graph.name))
+            shutil.rmtree(folder, ignore_errors=True)  # the leaders are made again by the study, in full
+            if len(self.budget.costs.get("make", ())) == 1:
+                self._forecast(len(graphs) - index - 1)
+        self._full()
+
+    def _ordered(self, space: DecodeSpace) -> list[tuple[Chain, list[Chain]]]:
+        """The graphs that apply, in groups that differ only by added rounding (`added_rounding`): the groups by the
+        fewest bytes any of their settings reads per step, in a group the least rounding first (a graph that fails
+        spares those that only add to its rounding); each graph's settings by their bytes. Rows for those that do
+        not apply."""
+        model = onnx.load_model(str(self.target.decoder), load_external_data=False)
+        vocab = self.target.reference.step_logits[0].shape[-1]
+        past = self.target.past_len
+        baseline = step_bytes(model, (), past_len=past, vocab=vocab)
+        context = Context(info=self.target.info)
+        expected: dict[str, float] = {}
+        groups: dict[str, list[tuple[Chain, list[Chain]]]] = {}
+        for graph, candidates in space.graphs():
+            why = graph.why_not(model, context)
+            if why is not None:
+                self.rows.extend(Row(c.name, _family(c), "", reason=f"does not apply: {why}") for c in candidates)
+                continue
+            for chain in candidates:
+                expected[chain.name] = baseline / step_bytes(model, chain.steps, past_len=past, vocab=vocab)
+            candidates.sort(key=lambda c: -expected[c.name])
+            groups.setdefault(added_rounding(graph)[0], []).append((graph, candidates))
+        for group in groups.values():
+            group.sort(key=lambda g: (len(added_rounding(g[0])[1]), -expected[g[1][0].name]))
+        ordered = sorted(groups.values(), key=lambda group: -max(expected[g[1][0].name] for g in group))
+        found = [graph for group in ordered for graph in group]
+        if found:
+            first, last = found[0][1][0].name, found[-1][1][-1].name
+            logger.info("decode search order: by the bytes a decode step reads at past %d (memory-bound: the weights "
+                        "at their bits, the KV cache in its type, the present copied out without IO binding), the "
+                        "least rounding first among graphs that differ only by it; first %s (~%.1fx fewer bytes than "
+                        "the baseline's step), last %s (~%.1fx); %d graphs, %d candidates", past, first,
+                        expected[first], last, expected[last], len(found), sum(len(c) for _, c in found))
+        return found
+
+    def _row(self, chain: Chain) -> Row:
+        row = Row(chain.name, _family(chain), chain.kind, stage="accuracy", pipeline=chain.name)
+        self.rows.append(row)
+        self.chains[chain.name] = chain
+        return row
+
+    def _make_and_check(self, graph: Chain, rows: list[Row], folder: Path) -> Candidate | None:
+        """`graph` made on the decode-ready export and checked; its settings' rows say how (None: failed)."""
+        try:
+            with self.budget.timing("make"):
+                candidate = graph(self.target.decoder, folder, Context(info=self.target.info))
+                diff = check_decode(candidate, self.target, workdir=folder / "quality")
+        except Exception as e:  # noqa: BLE001 -- a graph that cannot be made or run is a row with its reason
+            reraise_if_received(e)
+            for row in rows:
+                row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
+            logger.warning("decode search: %s failed: %s", graph.name, rows[0].reason)
+            return None
+        passed = bool(diff.passed) if diff.passed is not None else True
+        margin = diff.quality.margin if diff.quality is not None else None
+        size = model_bytes(Path(candidate.path))
+        for row in rows:
+            row.precision, row.passed, row.margin, row.size_bytes = candidate.precision, passed, margin, size
+            row.diff = diff.metrics()
+            row.params = {**candidate.params, "precision": candidate.precision}
+            if not passed:
+                row.reason = "generation check failed: " + _failure(diff)
+        logger.info("decode search: %s %s the generation check (greedy agreement %.2f%s)", graph.name,
+                    "passed" if passed else "failed", diff.token_agreement,
+                    f", perplexity {diff.quality.ppl_increase:+.1%}" if diff.quality is not None else "")
+        return candidate if passed else None
+
+    def _screen(self, chain: Chain, graph: Candidate, row: Row) -> None:
+        if not self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve()):
+            row.status, row.reason = "skipped", "not timed: the budget ran out"
+            return
+        leader = max([r.screen_ci_low for r in self.rows if r.passed and r.screen_ci_low is not None], default=1.0)
+        candidate = _session_of(chain, graph)
+        try:
+            with self.budget.timing("screen"):
+                found, raced_out = screen_decode(candidate, self.target, must_beat=max(1.0, leader))
+        except Exception as e:  # noqa: BLE001 -- a candidate that cannot be timed is a row with its reason
+            reraise_if_received(e)
+            row.status, row.reason = "failed", f"decode screen: {type(e).__name__}: {e}"[:300]
+            return
+        row.stage = "speed_screen"
+        row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
+        logger.info("decode search, screen: %s %.2fx [%.2f, %.2f]%s", chain.name, found.speedup, found.ci_low,
+                    found.ci_high, f": {raced_out}" if raced_out else "")
+        if raced_out:
+            row.reason = f"decode screen: {raced_out}"
+        elif found.ci_low > max(1.0, leader):
+            self.leaders.append((self.budget.spent(), chain.name))
+            logger.info("decode search: %s leads after %.0f s (lower bound %.2fx)", chain.name, self.budget.spent(),
+                        found.ci_low)
+
+    def _forecast(self, graphs: int) -> None:
+        """Logs how many of the `graphs` left the budget is expected to cover, from the first graph's costs."""
+        each = self.budget.expected("make", _GUESS_S["make"]) + 3 * self.budget.expected("screen", _GUESS_S["screen"])
+        fits = self.budget.covers(graphs, each=each, reserve=self._reserve())
+        if self.config.budget_s is not None:
+            logger.info("decode search, budget: ~%d of the %d graphs left fit (~%.0f s each to make, check and screen; %.0f "
+                        "s kept for the full measurement of %d leaders)", fits, graphs, each, self._reserve(),
+                        self.config.max_full)
+
+    def _full(self) -> None:
+        pool = [r for r in self.rows if r.passed and r.screen_speedup is not None and not r.reason]
+        pool.sort(key=lambda r: -(r.screen_speedup or 0.0))
+        top = pool[0].screen_ci_low if pool else None
+        for rank, row in enumerate(pool):
+            if rank >= self.config.max_full:
+                row.reason = f"decode screen: {row.screen_speedup:.2f}x, behind the {self.config.max_full} leaders"
+            elif top is not None and row.screen_ci_high is not None and row.screen_ci_high < top:
+                row.reason = (f"decode screen: {row.screen_speedup:.2f}x [{row.screen_ci_low:.2f}, "
+                              f"{row.screen_ci_high:.2f}], below the leader's interval")
+            elif not self.budget.fits("full", self.full_attempt_s):
+                row.status, row.reason = "skipped", "not measured in full: the budget ran out"
+            else:
+                logger.info("decode search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
+                with self.stages.step("full"), self.budget.timing("full"):
+                    self.optimize(self.chains[row.name], {TAG_SEARCH_STAGE: row.stage})
+                row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
+
+
+def _session_of(chain: Chain, graph: Candidate) -> Candidate:
+    """The graph under the chain's session steps (their settings on top of the graph's; nothing is made again)."""
+    settings = dict(graph.session)
+    for step in chain.steps:
+        if step.kind == "session":
+            settings.update(step.make(graph.path, graph.path.parent, Context()).session)
+    return Candidate(graph.path, graph.applied, graph.fusions, graph.fully_optimized, graph.precision, graph.notes,
+                     {**graph.params, "pipeline": chain.name}, settings, graph.new_ops)
+
+
+def _family(chain: Chain) -> str:
+    """The weights' quantization of a decode chain (its third step, or none): what coverage is counted by."""
+    quantized = [s.name.split(".")[0].split(":")[0] for s in chain.steps if s.kind == "quantization"
+                 and not s.name.startswith("kv_")]
+    return quantized[0] if quantized else "fp32"
+
+
+def _failure(diff) -> str:
+    """Why a generation check failed, in a few words."""
+    if diff.quality is not None and diff.quality.failures:
+        return "; ".join(diff.quality.failures)
+    along = diff.along
+    if along is not None and not along.passed:
+        return f"along the baseline's tokens: top-1 {along.top1_agreement:.3f}, KL {along.kl_divergence:.3g}"
+    return f"greedy agreement {diff.token_agreement:.2f}"
