@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from tracker.base.vocabulary import Kind, Phase
 from tracker.measure.accuracy.lm_diff import LogitsTolerance
@@ -184,35 +185,38 @@ def screen_decode(candidate: Candidate, target: DecodeTarget, *, must_beat: floa
     return timing.speedup, (why[-1] if why else None)
 
 
-def step_bytes(model: onnx.ModelProto, steps: Sequence[Entry], *, past_len: int, vocab: int) -> float:
-    """What one decode step of the chain `steps` made of `model` (none: the baseline) reads and writes, in bytes: the products' weights at their
-    bits (with each block's scale, and zero point when asymmetric), the KV cache at the past in its type, and the
-    present written out again when the loop feeds numpy arrays (IO binding writes the new position only).
+def step_bytes(model: onnx.ModelProto | ir.Model, steps: Sequence[Entry], *, past_len: int, vocab: int) -> float:
+    """What one decode step of the chain `steps` made of `model` (no steps: the baseline) reads and writes, in bytes:
+    the products' weights at their bits (with each block's scale, and zero point when asymmetric), the KV cache at the
+    past in its type, and the present written out again when the loop feeds numpy arrays (IO binding writes the new
+    position only).
 
     Weights: 2-D initializers read by MatMul or Gemm (directly or through a Transpose); the one with `vocab` rows or
     columns is the lm_head. Weights named after `int8_modules`, and the lm_head under `lm_head=int8`, count 8 bits.
     """
-    consumers: dict[str, set[str]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, set()).add(node.op_type)
-    transposed = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Transpose" and n.output}
-    products = {name for name, ops in consumers.items() if ops & {"MatMul", "Gemm"}}
-    products |= {transposed[name] for name in products if name in transposed}
+    graph = (ir.from_proto(model) if isinstance(model, onnx.ModelProto) else model).graph
     quant = _quantization(steps)
     weight_bytes = 0.0
-    for init in model.graph.initializer:
-        if init.name not in products or len(init.dims) != 2:
+    for name, value in graph.initializers.items():
+        if value.shape is None or len(value.shape) != 2 or not _read_by_a_product(value):
             continue
-        elements = float(np.prod(init.dims))
-        bits = quant.bits_for(init.name, lm_head=vocab in init.dims)
-        weight_bytes += elements * _bytes_per_weight(bits, quant.block, quant.symmetric)
-    per_position = sum(float(np.prod([d.dim_value for d in i.type.tensor_type.shape.dim if d.dim_value]))
-                       for i in model.graph.input if i.name.startswith(PAST_PREFIX))
+        dims = [d for d in value.shape if isinstance(d, int)]
+        bits = quant.bits_for(name, lm_head=vocab in dims)
+        weight_bytes += float(np.prod(dims)) * _bytes_per_weight(bits, quant.block, quant.symmetric)
+    per_position = 0.0  # the past's static dims (heads, head_dim) over every layer's key and value
+    for past in graph.inputs:
+        if (past.name or "").startswith(PAST_PREFIX) and past.shape is not None:
+            per_position += float(np.prod([d for d in past.shape if isinstance(d, int)]))
     names = [s.name for s in steps]
     kv_bytes = per_position * past_len * (1.0 if any(n.startswith("kv_int8") for n in names) else 4.0)
     written = 0.0 if any(n == "io_binding" for n in names) else kv_bytes
     return weight_bytes + kv_bytes + written
+
+
+def _read_by_a_product(value: ir.Value) -> bool:
+    """Whether a MatMul or Gemm reads `value`, directly or through a Transpose (a tied lm_head)."""
+    return any(use.node.op_type in ("MatMul", "Gemm") or (use.node.op_type == "Transpose" and any(
+        u.node.op_type in ("MatMul", "Gemm") for out in use.node.outputs for u in out.uses())) for use in value.uses())
 
 
 @dataclass(frozen=True)

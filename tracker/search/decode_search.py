@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 
 from tracker.base.keys import TAG_SEARCH_STAGE
 from tracker.base.steps import StepTimes
@@ -99,7 +100,8 @@ class _DecodeSearch:
         fewest bytes any of their settings reads per step, in a group the least rounding first (a graph that fails
         spares those that only add to its rounding); each graph's settings by their bytes. Rows for those that do
         not apply."""
-        model = onnx.load_model(str(self.target.decoder), load_external_data=False)
+        proto = onnx.load_model(str(self.target.decoder), load_external_data=False)
+        model = ir.from_proto(proto)  # once: each candidate's bytes are counted on it
         vocab = self.target.reference.step_logits[0].shape[-1]
         past = self.target.past_len
         baseline = step_bytes(model, (), past_len=past, vocab=vocab)
@@ -107,7 +109,7 @@ class _DecodeSearch:
         expected: dict[str, float] = {}
         groups: dict[str, list[tuple[Chain, list[Chain]]]] = {}
         for graph, candidates in space.graphs():
-            why = graph.why_not(model, context)
+            why = graph.why_not(proto, context)
             if why is not None:
                 self.rows.extend(Row(c.name, _family(c), "", reason=f"does not apply: {why}") for c in candidates)
                 continue
