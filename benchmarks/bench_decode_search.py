@@ -70,7 +70,7 @@ def main() -> None:
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{folder / 'mlflow.db'}"
 
     start = time.perf_counter()
-    searched = run_lm_study(_config(search=True, decode_weights=WEIGHTS), experiment="bench-decode-search")
+    searched = run_lm_study(_config(search=True, decode_space=SPACE), experiment="bench-decode-search")
     search_s = time.perf_counter() - start
     result = searched.search_result
     assert result is not None

@@ -250,13 +250,15 @@ def test_the_command_line_chooses_scenarios_and_past_lengths():
 
 @pytest.mark.slow
 def test_the_decode_search_logs_its_leaders_as_attempts_and_the_rest_as_candidate_runs(tmp_path, monkeypatch):
+    from tracker.search.decode import DecodeSpace
     from tracker.studies.gpt2 import run_gpt2_study
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    config = _generation_study(attempts=None, search=True, decode_weights=("int4_block32", "fp32"))
+    config = _generation_study(attempts=None, search=True,
+                               decode_space=DecodeSpace(weights=("int4_block32", "fp32")))
 
     study = run_gpt2_study(config, experiment="gen", workdir=tmp_path / "work")
 

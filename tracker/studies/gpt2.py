@@ -122,7 +122,7 @@ class GPT2StudyConfig:
         search: search the decode chains (`tracker.search.decode`) instead of running the fixed decode attempts; it
             needs the generation scenario. Only the attempts named in `attempts` run besides.
         budget_s: the search's wall-time budget in seconds (None: no limit).
-        decode_weights: the weights' quantizations the decode search tries (None: `decode.default_weights()`).
+        decode_space: the decode knobs the search combines (None: `DecodeSpace()`).
     """
 
     model: str | None = None
@@ -142,7 +142,7 @@ class GPT2StudyConfig:
     text: TextConfig = field(default_factory=TextConfig)
     search: bool = False
     budget_s: float | None = None
-    decode_weights: tuple[str, ...] | None = None
+    decode_space: DecodeSpace | None = None
 
     def __post_init__(self) -> None:
         if "forward" not in self.scenarios or not set(self.scenarios) <= set(SCENARIOS):
@@ -321,9 +321,8 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
                           description=f"{title} exported with the {exported.exporter} exporter ({weights})",
                           metrics=baseline_metrics, params=baseline_params)
             if config.search and scenario is not None and scenario.baseline is not None:
-                space = DecodeSpace(weights=config.decode_weights or ())
                 study.record_search(run_decode_search(
-                    scenario.target(), workdir=work / "search", space=space,
+                    scenario.target(), workdir=work / "search", space=config.decode_space,
                     config=SearchConfig(budget_s=config.budget_s), full_attempt_s=FULL_OVER_BASELINE * (
                         time.perf_counter() - start),
                     optimize=lambda entry, tags: study.optimize(entry, exported.path, info=info, session=config.session,

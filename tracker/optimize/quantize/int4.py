@@ -206,10 +206,11 @@ class Int4(Entry):
         integer ones with the blocks' mean errors (`block_bias`, returned by node for `add_corrections`); the lm_head
         as `lm_head` says, `int8_nodes` in int8 blocks and `exclude_nodes` left in fp32."""
         corrections = {}
-        head = lm_head_node(model)
+        node = lm_head_node(model)
+        head = node.name if node is not None and node.name else None  # the quantizers take nodes by name
         exclude = list(exclude_nodes) + int8_nodes
         if self.lm_head != "same" and head is not None:
-            exclude.append(head.name)
+            exclude.append(head)
         if self.float_zero_point:
             quantize_matmuls(model, block_size=self.block_size, accuracy_level=self.accuracy_level,
                              exclude=tuple(exclude))
@@ -219,7 +220,7 @@ class Int4(Entry):
         else:
             model = _nbits(model, bits=self.bits, block_size=self.block_size, symmetric=self.symmetric,
                            accuracy_level=self.accuracy_level, exclude=exclude)
-        eights = int8_nodes + ([head.name] if self.lm_head == "int8" and head is not None else [])
+        eights = int8_nodes + ([head] if self.lm_head == "int8" and head is not None else [])
         if eights:
             model = _nbits(model, bits=8, block_size=self.block_size, symmetric=self.symmetric,
                            accuracy_level=self.accuracy_level, include=eights)

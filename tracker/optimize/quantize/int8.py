@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 
 from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights
@@ -116,15 +117,13 @@ class Int8Dynamic(Entry):
 
 def transposed_weights(model: onnx.ModelProto) -> int:
     """How many MatMul/Gemm nodes read their weight (input 1) through a Transpose of an initializer."""
-    initializers = {t.name for t in model.graph.initializer}
-    producer = {out: node for node in model.graph.node for out in node.output}
     count = 0
-    for node in model.graph.node:
-        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+    for node in ir.from_proto(model).graph:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
             continue
-        weight = producer.get(node.input[1])
-        if weight is not None and weight.op_type == "Transpose" and weight.input[0] in initializers:
-            count += 1
+        weight = node.inputs[1].producer()
+        source = weight.inputs[0] if weight is not None and weight.op_type == "Transpose" else None
+        count += source is not None and source.is_initializer()
     return count
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import numpy_helper
 
 # The product that makes the logits, by op type: the precision of its weight.
@@ -29,19 +30,19 @@ _PASS_THROUGH = {"Reshape", "Add", "Transpose", "Squeeze", "Unsqueeze", "Cast", 
 LOGITS = "logits"
 
 
-def lm_head_node(model: onnx.ModelProto, output: str = LOGITS) -> onnx.NodeProto | None:
+def lm_head_node(model: onnx.ModelProto, output: str = LOGITS) -> ir.Node | None:
     """The product that computes `output` (the lm_head), found by walking back from the output through reshapes and
     bias adds; None when the model has no such output or no product makes it."""
-    producer = {out: node for node in model.graph.node for out in node.output}
-    name = output if any(o.name == output for o in model.graph.output) else None
-    seen = 0
-    while name is not None and name in producer and seen < 16:
-        node = producer[name]
+    value = next((o for o in ir.from_proto(model).graph.outputs if o.name == output), None)
+    for _ in range(16):
+        node = value.producer() if value is not None else None
+        if node is None:
+            return None
         if node.op_type in PRODUCT_PRECISION:
             return node
         if node.op_type not in _PASS_THROUGH:
             return None
-        name, seen = node.input[0], seen + 1
+        value = node.inputs[0]
     return None
 
 
@@ -55,10 +56,11 @@ def lm_head_precision(model: onnx.ModelProto, output: str = LOGITS) -> str | Non
     if node is None:
         return None
     if node.op_type == "MatMulNBits":
-        return f"int{next((a.i for a in node.attribute if a.name == 'bits'), 4)}"
+        return f"int{node.attributes.get_int('bits', 4)}"
     precision = PRODUCT_PRECISION[node.op_type]
-    weight = next((n for n in model.graph.node if len(node.input) > 1 and node.input[1] in n.output), None)
-    if precision == "fp32" and weight is not None and weight.op_type == "DequantizeLinear":
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    made_by = weight.producer() if weight is not None else None
+    if precision == "fp32" and made_by is not None and made_by.op_type == "DequantizeLinear":
         return "int8"
     return precision
 
