@@ -1,5 +1,6 @@
 """The library type-checks: mypy, run as pyproject.toml's [tool.mypy] configures it, finds nothing in tracker/.
-The settings that make it strict are shown to report what they are for, so a config mypy stopped reading fails."""
+The settings that make it strict are shown to report what they are for, so a config mypy stopped reading fails. And
+the repository lints: ruff, as [tool.ruff] configures it, finds nothing anywhere."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ def mypy(*args: str) -> subprocess.CompletedProcess:
     """The venv's mypy in the repository root, where it reads pyproject.toml."""
     return subprocess.run([sys.executable, "-m", "mypy", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
+
+
+def test_ruff_finds_nothing_in_the_repository():
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_ruff_reads_the_config_and_reports_an_unused_import(tmp_path):
+    (tmp_path / "snippet.py").write_text("import os\n")
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", "--config", str(ROOT / "pyproject.toml"),
+                             str(tmp_path / "snippet.py")], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1 and "F401" in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.slow
