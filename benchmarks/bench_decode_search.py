@@ -4,7 +4,7 @@ attempt of a second study (its decode timed interleaved against the baseline's a
 Prints the search's counts and seconds per stage, its decode best against the exhaustive decode best, and the two
 studies' wall times.
 
-    python benchmarks/bench_decode_search.py          # about 40 minutes on 2 cores
+    python benchmarks/bench_decode_search.py          # about 46 minutes on 2 cores
     python benchmarks/bench_decode_search.py --keep   # keep the sqlite store to look at
 
 The found best agrees when it is the exhaustive best or its own full speed-up (in the exhaustive study) lies inside
@@ -51,6 +51,10 @@ def _decode(metrics: Mapping[str, float] | None) -> tuple[float, float, float] |
     if metrics is None or key not in metrics:
         return None
     return metrics[key], metrics[key + "_ci_low"], metrics[key + "_ci_high"]
+
+
+def _figure(x: tuple[float, float, float] | None) -> str:
+    return "-" if x is None else f"{x[0]:.2f}x [{x[1]:.2f}, {x[2]:.2f}]"
 
 
 def _attempt_metrics(experiment: str) -> dict[str, Mapping[str, float]]:
@@ -102,13 +106,13 @@ def main() -> None:
           f"{', '.join(f'{k} {v:.0f} s' for k, v in result.stage_seconds.items() if v)}), exhaustive study "
           f"{exhaustive_s:.0f} s: {search_s / exhaustive_s:.0%} of it")
     for name in chains:
-        figure = _decode(rows.get(name))
+        full = _decode(rows.get(name))
         passed = rows[name].get("gen.diff.passed") if name in rows else None
         row = next(r for r in result.rows if r.name == name)
-        print(f"  {name}: exhaustive {figure[0]:.2f}x [{figure[1]:.2f}, {figure[2]:.2f}]" if figure else
-              f"  {name}: exhaustive -", f"check {'passed' if passed else 'failed'}; search: {row.stage}, "
+        print(f"  {name}: exhaustive {_figure(full)},", f"check {'passed' if passed else 'failed'}; search: {row.stage}, "
               f"{row.reason or row.status}")
-    print(f"  found {found} ({found_full}), exhaustive best {best} ({best_full}): {judgement}", flush=True)
+    print(f"  found {found} ({_figure(found_full)} in the exhaustive study), exhaustive best {best} "
+          f"({_figure(best_full)}): {judgement}", flush=True)
     if args.keep:
         print(f"store: sqlite:///{folder / 'mlflow.db'}")
     else:
