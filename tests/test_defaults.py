@@ -85,6 +85,8 @@ GPT2 = {
     "gen_past_lens": Source(GenerationConfig, "decode_past_lens"),
     "seed": Source(GPT2StudyConfig, "seed"),
     "cluster": Source(GPT2StudyConfig, "cluster"),
+    "search": Source(GPT2StudyConfig, "search"),
+    "budget": Source(GPT2StudyConfig, "budget_s"),
 }
 TEXT = {"text": Source(TextConfig, "path"), "max_ppl_increase": Source(TextConfig, "max_ppl_increase")}
 # The lm study: the gpt2 study's options but its size and cluster (a real model, measured here).

@@ -7,7 +7,9 @@ Which form a run gets, and what is left out when MLflow refuses one, is `tracker
 from __future__ import annotations
 
 import json
+import re
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import mlflow
@@ -15,16 +17,42 @@ import numpy as np
 import onnx
 from mlflow.data.meta_dataset import MetaDataset
 
-from tracker.base.keys import TAG_ATTEMPT, TAG_MODEL_FORMAT, TAG_STUDY, feeds_dataset_name, logged_model_name
+from tracker.base.keys import (
+    TAG_ATTEMPT,
+    TAG_MODEL_FORMAT,
+    TAG_STATUS,
+    TAG_STUDY,
+    TAG_VERDICT,
+    feeds_dataset_name,
+    logged_model_name,
+)
 from tracker.base.model_io import load_model
+from tracker.measure import schema
 from tracker.run.record import AttemptRecord
 
+# The figures that compare attempts, linked to each attempt's logged model (MLflow 3's `model_id`) so that the
+# experiment's Models tab shows and sorts them: latency, the calibrated speed-up and its interval, the accuracy check,
+# size and nodes; with the generation scenario, the decode and prefill speed-ups and the generation check.
+MODEL_METRICS = frozenset((schema.P50_MS, schema.DIFF_PASSED, schema.COSINE_MIN, schema.TOP1, schema.PPL_INCREASE,
+                           schema.SIZE_BYTES, schema.NODE_COUNT, schema.GEN_DIFF_PASSED))
+# Each scenario's speed-up and its interval (`schema.Scope.prefix`): `latency.speedup`, `gen.decode.past512.speedup`.
+_SPEEDUP = re.compile(r"(latency|gen\.decode\.past\d+|gen\.prefill\.s\d+)\.speedup(_ci_low|_ci_high)?")
+# The attempt run's tags a logged model carries too (the verdict names the run's outcome in the Models tab).
+MODEL_TAGS = (TAG_VERDICT, TAG_STATUS)
 
-def log_onnx_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) -> None:
-    """Logs `model` with the onnx flavor as the record's logged model, with `signature` (None: without one)."""
+
+def model_figures(metrics: Mapping[str, float]) -> dict[str, float]:
+    """Of an attempt's metrics, those linked to its logged model (`MODEL_METRICS`, and each phase's speed-up)."""
+    return {k: v for k, v in metrics.items() if k in MODEL_METRICS or _SPEEDUP.fullmatch(k)}
+
+
+def log_onnx_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) -> str:
+    """Logs `model` with the onnx flavor as the record's logged model, with `signature` (None: without one), tagged
+    with the attempt's study, name, verdict and status (`MODEL_TAGS`). Returns the logged model's id."""
     # No input_example: it would make MLflow load and run the model once more.
-    tags = {TAG_ATTEMPT: record.attempt, **({TAG_STUDY: record.study} if record.study else {})}
-    mlflow.onnx.log_model(
+    tags = {TAG_ATTEMPT: record.attempt, **({TAG_STUDY: record.study} if record.study else {}),
+            **{k: str(record.tags[k]) for k in MODEL_TAGS if k in record.tags}}
+    info = mlflow.onnx.log_model(
         onnx_model=model,
         name=logged_model_name(record.study, record.attempt),
         tags=tags,
@@ -32,6 +60,7 @@ def log_onnx_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) ->
         pip_requirements=_pip_requirements(),
         onnx_execution_providers=["CPUExecutionProvider"],
     )
+    return info.model_id
 
 
 def log_plain_model(path: Path, *, why: str) -> None:

@@ -26,7 +26,9 @@ from tracker.base.keys import (
     ROLE_STUDY,
     TAG_ATTEMPT,
     TAG_BEST,
+    TAG_BEST_MODEL,
     TAG_ERROR,
+    TAG_MODEL_ID,
     TAG_NOT_LOGGED,
     TAG_ROLE,
     TAG_RUNTIME,
@@ -44,7 +46,13 @@ from tracker.run.record import AttemptRecord
 from tracker.store import abandoned, faults
 from tracker.store.abandoned import process_tags
 from tracker.store.connect import ensure_reachable
-from tracker.store.model_and_feeds import feeds_dataset, log_onnx_flavor, log_plain_model, tensor_signature
+from tracker.store.model_and_feeds import (
+    feeds_dataset,
+    log_onnx_flavor,
+    log_plain_model,
+    model_figures,
+    tensor_signature,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -216,9 +224,17 @@ def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> dict
     with steps.step("mlflow_logging"):
         for part, log in _record_parts(record):
             _log_part(part, log, left_out)
+    model_id = None
     if record.model_path:
         with steps.step("model_logging"):
-            _log_model(record, Path(record.model_path), left_out)
+            model_id = _log_model(record, Path(record.model_path), left_out)
+    figures = _clean_metrics(model_figures(record.metrics))
+    if figures:  # on the run, and linked to its logged model and the feeds they were measured on: the Models tab
+        # shows a dataset's metrics as columns
+        dataset = feeds_dataset(record) if record.feeds is not None else None
+        _log_part("model figures", lambda: mlflow.log_metrics(figures, model_id=model_id, dataset=dataset), left_out)
+    if model_id is not None:
+        _log_part("tags", lambda: mlflow.set_tag(TAG_MODEL_ID, model_id), left_out)
     if left_out:
         note = "; ".join(f"{part}: {why}" for part, why in left_out.items())
         logger.warning("attempt %s: MLflow refused part of its run, logged without it: %s", record.attempt, note)
@@ -244,8 +260,9 @@ def _record_parts(record: AttemptRecord):
     """(part name, function logging it) for each part of `record` but its model."""
     if record.params:
         yield "params", lambda: mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
-    if record.metrics:
-        yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(record.metrics))
+    others = {k: v for k, v in record.metrics.items() if k not in model_figures(record.metrics)}
+    if others:  # the model's figures are logged with the model (`log_record`)
+        yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(others))
     if record.tags:
         yield "tags", lambda: mlflow.set_tags({k: str(v)[:_MAX_TAG_CHARS] for k, v in record.tags.items()})
     if record.artifact_dir:
@@ -263,19 +280,21 @@ def _log_table_file(artifact_dir: Path, name: str) -> None:
     mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
 
 
-def _log_model(record: AttemptRecord, path: Path, left_out: dict[str, str]) -> None:
+def _log_model(record: AttemptRecord, path: Path, left_out: dict[str, str]) -> str | None:
     """The model at `path` (the record's) with the onnx flavor and its signature; refused, without the signature;
-    refused again (or a custom-domain model), as a plain file."""
+    refused again (or a custom-domain model), as a plain file. Returns the logged model's id (None: a plain file)."""
     if record.model_flavor:
         model = load_model(path, check=False)  # by content: a protobuf named .json too
         signature, why_not = tensor_signature(model)
+        logged: list[str] = []
         if why_not:
             left_out["model signature"] = why_not
-        elif _log_part("model signature", lambda: log_onnx_flavor(model, record, signature), left_out):
-            return
-        if _log_part("onnx flavor", lambda: log_onnx_flavor(model, record, None), left_out):
-            return
+        elif _log_part("model signature", lambda: logged.append(log_onnx_flavor(model, record, signature)), left_out):
+            return logged[0]
+        if _log_part("onnx flavor", lambda: logged.append(log_onnx_flavor(model, record, None)), left_out):
+            return logged[0]
     log_plain_model(path, why="custom-domain op" if not record.model_flavor else "MLflow refused the onnx flavor")
+    return None
 
 
 def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
@@ -334,6 +353,21 @@ def log_study_summary(run_id: str, *, metrics: Mapping[str, float], best: str | 
     mlflow.MlflowClient().log_batch(
         run_id, metrics=[Metric(key, value, now, 0) for key, value in _clean_metrics(metrics).items()],
         tags=[RunTag(key, value) for key, value in {**(tags or {}), TAG_BEST: best or NO_BEST}.items()])
+    if best:
+        _mark_best_model(run_id, best)
+
+
+def _mark_best_model(study_run_id: str, best: str) -> None:
+    """Tags the logged model of the study's best attempt `tracker.best=true`, so the Models tab marks it; a study
+    whose best has no logged model (a plain file, `log_models=False`) has nothing to mark."""
+    client = mlflow.MlflowClient()
+    experiment = client.get_run(study_run_id).info.experiment_id
+    children = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{study_run_id}'",
+                                  max_results=5000)
+    for run in children:
+        model_id = run.data.tags.get(TAG_MODEL_ID)
+        if run.data.tags.get(TAG_ATTEMPT) == best and run.data.tags.get(TAG_ROLE) != ROLE_CANDIDATE and model_id:
+            client.set_logged_model_tags(model_id, {TAG_BEST_MODEL: "true"})
 
 
 @defers_sigterm
