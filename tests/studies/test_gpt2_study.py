@@ -11,7 +11,7 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import FAST_SPEEDUP
+from tests.conftest import FAST_SPEEDUP, use_sqlite_store
 from tests.studies.conftest import study_runs
 from tests.studies.test_studies import artifact_paths
 from tracker import MeasureConfig, Study, TimingConfig
@@ -249,14 +249,12 @@ def test_the_command_line_chooses_scenarios_and_past_lengths():
 
 
 @pytest.mark.slow
-def test_the_decode_search_logs_its_leaders_as_attempts_and_the_rest_as_candidate_runs(tmp_path, monkeypatch):
+def test_the_decode_search_logs_its_leaders_as_attempts_and_the_rest_as_candidate_runs(tmp_path, monkeypatch,
+                                                                                       tmp_path_factory):
     from tracker.search.decode import DecodeSpace
     from tracker.studies.gpt2 import run_gpt2_study
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     config = _generation_study(attempts=None, search=True,
                                decode_space=DecodeSpace(weights=("int4_block32",), sessions=("io_binding", "")))
 

@@ -40,6 +40,7 @@ from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import Speedup, SpeedupConfig
 from tracker.optimize import REGISTRY, Candidate, Chain, Entry, ModelInfo, get_entry
+from tracker.search.screen import Race
 from tracker.search.space import expand
 
 logger = logging.getLogger(__name__)
@@ -168,21 +169,13 @@ def screen_decode(candidate: Candidate, target: DecodeTarget, *, must_beat: floa
     """`candidate`'s decode step at the target's past, interleaved against the baseline's (a screen, not a verdict),
     racing: it stops after the first round whose upper bound lies below `must_beat`. Returns the speed-up, and why
     it stopped early (None when it ran its rounds)."""
-    why: list[str] = []
-
-    def stop(so_far: Speedup) -> str | None:
-        if so_far.ci_high >= must_beat:
-            return None
-        behind = "1.0 (the baseline)" if must_beat <= 1.0 else f"the leader's {must_beat:.2f}x"
-        why.append(f"dropped after {so_far.pairs} pairs (upper bound {so_far.ci_high:.2f}x < {behind})")
-        return why[-1]
-
+    race = Race(must_beat)
     vocab = target.reference.step_logits[0].shape[-1]
     tokens = phase_tokens(target.config, Phase.DECODE, target.past_len, vocab)
     timing = time_phase(target.decoder, candidate.path, tokens=tokens, past_len=target.past_len,
                         baseline_session=replace(target.session, decode_io_binding=False),
-                        session=candidate.session_on(target.session), config=config, stop=stop)
-    return timing.speedup, (why[-1] if why else None)
+                        session=candidate.session_on(target.session), config=config, stop=race.stop)
+    return timing.speedup, race.why
 
 
 def step_bytes(model: onnx.ModelProto | ir.Model, steps: Sequence[Entry], *, past_len: int, vocab: int) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import onnx
@@ -15,6 +16,7 @@ import onnx_ir as ir
 from tracker.base.keys import TAG_SEARCH_STAGE
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received
+from tracker.base.vocabulary import Kind
 from tracker.optimize import Candidate, Chain, Context, Entry
 from tracker.optimize.quantize.prepare import model_bytes
 from tracker.search.budget import Budget
@@ -218,15 +220,14 @@ def _session_of(chain: Chain, graph: Candidate) -> Candidate:
     """The graph under the chain's session steps (their settings on top of the graph's; nothing is made again)."""
     settings = dict(graph.session)
     for step in chain.steps:
-        if step.kind == "session":
+        if step.kind == Kind.SESSION:
             settings.update(step.make(graph.path, graph.path.parent, Context()).session)
-    return Candidate(graph.path, graph.applied, graph.fusions, graph.fully_optimized, graph.precision, graph.notes,
-                     {**graph.params, "pipeline": chain.name}, settings, graph.new_ops)
+    return replace(graph, params={**graph.params, "pipeline": chain.name}, session=settings)
 
 
 def _family(chain: Chain) -> str:
     """The weights' quantization of a decode chain (its third step, or none): what coverage is counted by."""
-    quantized = [s.name.split(".")[0].split(":")[0] for s in chain.steps if s.kind == "quantization"
+    quantized = [s.name.split(".")[0].split(":")[0] for s in chain.steps if s.kind == Kind.QUANTIZATION
                  and not s.name.startswith("kv_")]
     return quantized[0] if quantized else "fp32"
 

@@ -70,17 +70,25 @@ def screen_speed(
     first round whose upper bound lies below it (`speedup.bounds_so_far`). Returns the speed-up, and why it stopped
     early (None when it ran its rounds).
     """
-    why: list[str] = []
+    race = Race(must_beat)
+    found = time_against(_screen_attempt(candidate, session), baseline, feeds, config, stop=race.stop)
+    return found, race.why
 
-    def stop(so_far: Speedup) -> str | None:
-        if must_beat is None or so_far.ci_high >= must_beat:
+
+class Race:
+    """A screen's racing rule (`speedup.Stop`): stop once the upper bound so far lies below `must_beat` (the leader's
+    lower bound, at least 1.0: the baseline; None: never); `why` then says so, else it stays None."""
+
+    def __init__(self, must_beat: float | None) -> None:
+        self.must_beat = must_beat
+        self.why: str | None = None
+
+    def stop(self, so_far: Speedup) -> str | None:
+        if self.must_beat is None or so_far.ci_high >= self.must_beat:
             return None
-        behind = "1.0 (the baseline)" if must_beat <= 1.0 else f"the leader's {must_beat:.2f}x"
-        why.append(f"dropped after {so_far.pairs} pairs (upper bound {so_far.ci_high:.2f}x < {behind})")
-        return why[-1]
-
-    found = time_against(_screen_attempt(candidate, session), baseline, feeds, config, stop=stop)
-    return found, (why[-1] if why else None)
+        behind = "1.0 (the baseline)" if self.must_beat <= 1.0 else f"the leader's {self.must_beat:.2f}x"
+        self.why = f"dropped after {so_far.pairs} pairs (upper bound {so_far.ci_high:.2f}x < {behind})"
+        return self.why
 
 
 def _screen_attempt(candidate: Candidate, session: SessionConfig) -> Attempt:

@@ -228,13 +228,13 @@ def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> dict
     if record.model_path:
         with steps.step("model_logging"):
             model_id = _log_model(record, Path(record.model_path), left_out)
-    figures = _clean_metrics(model_figures(record.metrics))
+    figures = _clean_metrics(model_figures(record.metrics))  # the rest went with `_record_parts`
     if figures:  # on the run, and linked to its logged model and the feeds they were measured on: the Models tab
         # shows a dataset's metrics as columns
         dataset = feeds_dataset(record) if record.feeds is not None else None
         _log_part("model figures", lambda: mlflow.log_metrics(figures, model_id=model_id, dataset=dataset), left_out)
     if model_id is not None:
-        _log_part("tags", lambda: mlflow.set_tag(TAG_MODEL_ID, model_id), left_out)
+        _log_part("model id tag", lambda: mlflow.set_tag(TAG_MODEL_ID, model_id), left_out)
     if left_out:
         note = "; ".join(f"{part}: {why}" for part, why in left_out.items())
         logger.warning("attempt %s: MLflow refused part of its run, logged without it: %s", record.attempt, note)
@@ -260,7 +260,8 @@ def _record_parts(record: AttemptRecord):
     """(part name, function logging it) for each part of `record` but its model."""
     if record.params:
         yield "params", lambda: mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
-    others = {k: v for k, v in record.metrics.items() if k not in model_figures(record.metrics)}
+    figures = model_figures(record.metrics)
+    others = {k: v for k, v in record.metrics.items() if k not in figures}
     if others:  # the model's figures are logged with the model (`log_record`)
         yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(others))
     if record.tags:
