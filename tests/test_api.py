@@ -12,7 +12,7 @@ from mlflow import MlflowClient
 
 import tracker
 from tests.conftest import FAST_SPEEDUP
-from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
+from tracker import EXACT, Failed, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
 from tracker.base.settings import resolve_tracking_uri
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
@@ -164,9 +164,10 @@ def test_names_that_could_escape_a_folder_are_rejected_before_any_run(name, mode
 def test_study_optimize_runs_registry_entries_and_logs_what_each_one_did(store, model, feeds):
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:
         study.attempt("baseline", model)
-        session = study.optimize("ort_opt_disabled", model)
-        fused = study.optimize("add_eyelike", model, tolerance=EXACT)
-        study.optimize("ort_opt_basic", model)  # a transformer entry, on a model without attention
+        session = study.optimize("ort_opt_disabled", model).result
+        fused = study.optimize("add_eyelike", model, tolerance=EXACT).result
+        refused = study.optimize("ort_opt_basic", model)  # a transformer entry, on a model without attention
+    assert isinstance(refused, Failed) and refused.result is None and "no attention" in refused.reason
     assert session.ok and session.attempt.session.graph_optimization_level == "disable"
     assert fused.ok and fused.diff.passed
     runs = runs_of(store, "api")

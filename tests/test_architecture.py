@@ -1,16 +1,21 @@
 """The architecture, checked by import-linter's contracts in pyproject.toml: the layers (a package imports only
-from below), only `tracker/store/` imports MLflow, and no import cycles between siblings. Each contract is
-shown to fail on the import it forbids, in a copy of the library. Then the size limits: no module over 400
-lines and no package with more than 12 modules."""
+from below), only `tracker/store/` imports MLflow, nothing below the study imports it, and no import cycles between
+siblings. Each contract is shown to fail on the import it forbids, in a copy of the library. A search strategy takes no
+callable (it proposes; the study measures). Then the size limits: no module over 400 lines and no package with more
+than 12 modules."""
 
 from __future__ import annotations
 
+import inspect
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tracker.search import ForwardSearch
+from tracker.search.decode_search import DecodeSearch
 
 ROOT = Path(__file__).resolve().parents[1]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
@@ -28,7 +33,7 @@ def lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_the_import_contracts_hold():
     result = lint_imports(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "4 kept, 0 broken" in result.stdout
+    assert "5 kept, 0 broken" in result.stdout
 
 
 @pytest.mark.parametrize(
@@ -42,6 +47,8 @@ def test_the_import_contracts_hold():
         pytest.param("report/page.py", "import mlflow\n", "Only tracker.store talks to MLflow", id="report imports mlflow"),
         pytest.param("optimize/ort_optimizer.py", "from tracker.optimize import fp16\n", "No import cycles",
                      id="a cycle between siblings"),
+        pytest.param("search/run.py", "def f():\n    from tracker.study import Study\n", "Nothing below the study",
+                     id="the search calls the study"),
     ],
 )
 def test_an_added_import_breaks_its_contract(tmp_path, module, line, broken):
@@ -52,8 +59,17 @@ def test_an_added_import_breaks_its_contract(tmp_path, module, line, broken):
     result = lint_imports(tmp_path)
     assert result.returncode != 0
     verdicts = [line for line in result.stdout.splitlines() if line.endswith((" KEPT", " BROKEN"))]
-    assert len(verdicts) == 4, result.stdout
+    assert len(verdicts) == 5, result.stdout
     assert any(line.startswith(broken) and line.endswith(" BROKEN") for line in verdicts), result.stdout
+
+
+@pytest.mark.parametrize("strategy", [ForwardSearch, DecodeSearch])
+def test_a_search_strategy_takes_no_callable(strategy):
+    taken = {name: str(p.annotation) for name, p in inspect.signature(strategy).parameters.items()}
+    assert taken and not [name for name, annotation in taken.items() if "Callable" in annotation
+                          or annotation in ("Optimize", "object")], taken
+    assert [name for name, _ in inspect.getmembers(strategy, inspect.isfunction)
+            if name in ("proposals", "record", "result")] == ["proposals", "record", "result"]
 
 
 def test_no_module_is_over_400_lines_and_no_package_holds_more_than_12_modules():

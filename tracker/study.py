@@ -20,14 +20,15 @@ from tracker.base.model_io import load_graph, save_model
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received, sigterm_as_exit
 from tracker.base.vocabulary import Kind, Phase
-from tracker.cluster.driver import Fanout
+from tracker.executor import GENERATION, TEXT, Executor, executor_for
 from tracker.generation import GenerationFigures
 from tracker.measure.accuracy.output_diff import TOLERANCES
 from tracker.measure.accuracy.task_diff import TaskTolerance, tolerance_for
 from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, check_name
 from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.optimize import Candidate, Context, Entry, ModelInfo, get_entry
+from tracker.optimize import Context, Entry, ModelInfo, get_entry
+from tracker.outcome import Failed, Outcome
 from tracker.pipeline import (
     AttemptSetup,
     StudySetup,
@@ -36,14 +37,14 @@ from tracker.pipeline import (
     log_failure,
     machine_params,
     measure_machine_or_none,
-    run_attempt,
 )
-from tracker.report.rows import AttemptRow, failed_row, pick_best, runtime_baselines
+from tracker.report.rows import AttemptRow, pick_best
 from tracker.report.scenarios import scenario_bests
-from tracker.run.content import rows_from_results
 from tracker.run.record import check_outbox
-from tracker.search import SearchConfig, SearchResult, run_search
-from tracker.search.screen import outputs_of
+from tracker.search import SearchConfig, SearchResult
+from tracker.search.cache import MadeModels
+from tracker.search.result import Strategy
+from tracker.search.run import ForwardSearch
 from tracker.store import connect, write
 from tracker.summary import log_report, log_summary
 
@@ -58,9 +59,10 @@ class Study:
     attempts of the runtime are compared with it (outputs, latency, per-op profile, graph). The first attempt
     of a second runtime has its outputs compared with the first runtime's baseline (a cross-runtime check).
 
-    Given `cluster` (a Ray address), the attempts are measured on the cluster's nodes (`tracker.cluster`): `optimize`
-    sends each candidate and returns None at once, `attempt` waits for its runs, and `wait` (or the end of the
-    `with` block) for every one; `rows` are the runs', and at the end `results` the driver's view (no figures).
+    The attempts are measured by an `Executor`: here, or given `cluster` (a Ray address) on the cluster's nodes
+    (`tracker.cluster`): `optimize` then sends each candidate and returns `Pending` at once, `attempt` waits for its
+    runs, and `wait` (or the end of the `with` block) for every one; `rows` are the runs', and at the end `results`
+    the driver's view (no figures).
 
     Example:
         with Study("my-model", feeds={"X": x}) as study:
@@ -80,27 +82,21 @@ class Study:
         log_models: bool = True,
         setup: StudySetup | None = None,
         cluster: str | None = None,
+        executor: Executor | None = None,
     ) -> None:
         check_name("study", name)
         if experiment:
             check_experiment_name(experiment)
         setup = setup or StudySetup()
-        if cluster and (setup.generation is not None or setup.quality is not None):
-            raise ValueError("a generation scenario or a check on real text is not supported on a cluster yet: run it "
-                             "on one machine")
-        self._cluster = Fanout(cluster, study=name, feeds=feeds) if cluster else None
-        self.name = name
-        self.feeds = dict(feeds)
-        self.experiment = experiment
-        self.config = config or MeasureConfig()
-        self.params = dict(params or {})
-        self.tracking_uri = tracking_uri
-        self.log_models = log_models
-        self.setup = setup
-        self.tags = dict(setup.tags)
-        self.generation = setup.generation
+        self._executor = executor or executor_for(cluster, study=name, feeds=feeds)
+        self._executor.capabilities.check(*[need for need, used in ((GENERATION, setup.generation),
+                                                                    (TEXT, setup.quality)) if used is not None])
+        self.name, self.feeds, self.experiment = name, dict(feeds), experiment
+        self.config, self.params = config or MeasureConfig(), dict(params or {})
+        self.tracking_uri, self.log_models = tracking_uri, log_models
+        self.setup, self.tags, self.generation = setup, dict(setup.tags), setup.generation
         self._workdir_given, self._workdir = bool(setup.workdir), Path(setup.workdir) if setup.workdir else None
-        self.results: list[AttemptResult] = []
+        self.made = MadeModels()  # what a search made of its leaders, for `optimize` to measure
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
         self._graphs: dict[str, onnx.ModelProto] = {}  # `graph_of`
         self.steps = StepTimes()  # the study's own work; each attempt has its own
@@ -119,8 +115,7 @@ class Study:
         self._sigterm = sigterm_as_exit()
         self._sigterm.__enter__()
         try:
-            if self._cluster is not None:
-                self._cluster.connect()  # an unreachable cluster: a one-line error before any work
+            self._executor.connect()  # an unreachable cluster: a one-line error before any work
             if self._workdir is None:
                 self._workdir = make_work_folder(f"tracker-{self.name}-")  # a killed study's folder goes
             with self.steps.step("machine"):
@@ -161,18 +156,20 @@ class Study:
             with self.steps.step("generation"):
                 generation = self.generation.measure_baseline(machine=self.machine,
                                                               workdir=self._work / "generation" / attempt.name)
-        if self._cluster is not None:  # measured on the cluster's nodes; the study waits for its runs
-            return self._cluster.result(self._cluster.submit(attempt, self._attempt_setup(tags)))
-        result = run_attempt(attempt, self.feeds, self._attempt_setup(tags), baselines=runtime_baselines(self.results),
-                             workdir=self._work / attempt.name, generation=generation)
-        self.results.append(result)
-        return result
+        return self._executor.result(self._submit(attempt, tags, generation))  # on a cluster, waits for its runs
 
-    def _attempt_setup(self, tags: Mapping[str, str] | None) -> AttemptSetup:
-        """How the pipeline measures and logs each attempt of this study, with `tags` on top of the study's."""
-        return AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate, log_model=self.log_models,
-                            latency_feeds=self.setup.latency_feeds, tags={**self.tags, **(tags or {})},
-                            machine=self.machine, quality=self.setup.quality)
+    def _submit(self, attempt: Attempt, tags: Mapping[str, str] | None,
+                generation: GenerationFigures | None) -> Outcome:
+        """`attempt` measured and logged as this study's (here, or sent), with `tags` on top of the study's."""
+        setup = AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate, log_model=self.log_models,
+                             latency_feeds=self.setup.latency_feeds, tags={**self.tags, **(tags or {})},
+                             machine=self.machine, quality=self.setup.quality)
+        return self._executor.submit(attempt, setup, workdir=self._work / attempt.name, generation=generation)
+
+    @property
+    def results(self) -> list[AttemptResult]:
+        """Each attempt measured, in order (on a cluster: the driver's view, once the study has ended)."""
+        return self._executor.results
 
     def optimize(
         self,
@@ -185,13 +182,16 @@ class Study:
         session: SessionConfig | None = None,
         tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
         tags: Mapping[str, str] | None = None,
-        made: tuple[Candidate, float] | None = None,
         **fields,
-    ) -> AttemptResult | None:
+    ) -> Outcome:
         """Runs the registry entry `entry` on `source`, then measures and logs what it made as one attempt.
 
         An entry that does not apply to `source`, or that raises, is logged as a FAILED attempt carrying
-        the reason, and None is returned; the study goes on.
+        the reason, and returned as `Failed`; the study goes on. A model a search made of `source` with `entry` (kept
+        in `made`) is measured as it is, not made again.
+
+        Returns:
+            `Measured` (its `result`), `Failed` (why), or, on a cluster, `Pending` (sent to the nodes).
 
         Args:
             entry: an entry, or its name as `tracker.optimize.get_entry` reads it (a registered name, a variant
@@ -204,7 +204,6 @@ class Study:
             tolerance: one tolerance, or one per precision ("fp32", "fp16", "int8"): the candidate's
                 precision picks it.
             tags: the attempt run's tags on top of the study's and the chain's lineage.
-            made: what `entry` already made of `source` and the seconds it took (a search's leader): not made again.
             **fields: `Attempt` fields that replace the candidate's (description, new_ops, ...);
                 `params` and `metrics` are added to the candidate's.
         """
@@ -221,13 +220,14 @@ class Study:
             with step:
                 source_path = self._on_disk(source, name)
                 graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
+                made = None if isinstance(source, onnx.ModelProto) else self.made.take(source_path, found)
                 start = time.perf_counter()
                 candidate = made[0] if made else found(source_path, self._work / name / "optimized", context, graph=graph)
                 seconds = made[1] if made else time.perf_counter() - start
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
             reraise_if_received(e)
             self.record_failure(name, e, runtime=runtime, tags={**lineage_tags(found), **(tags or {})})
-            return None
+            return Failed(name, self.failures[name])
         # A session entry measures its source as given (in memory or not), with other settings.
         model = source if candidate.path == source_path else candidate.path
         chosen = tolerance_for(tolerance, candidate.precision)
@@ -249,11 +249,8 @@ class Study:
             params={**params, **fields.pop("params", {})},
             **fields,
         )
-        tags = {**lineage_tags(found), **(tags or {})}
-        if self._cluster is not None:  # sent: the study makes its next candidate while the nodes measure this one
-            self._cluster.submit(attempt, self._attempt_setup(tags))
-            return None
-        return self.attempt(attempt, tags=tags, generation=generation)
+        # On a cluster, sent: the study makes its next candidate while the nodes measure this one.
+        return self._submit(attempt, {**lineage_tags(found), **(tags or {})}, generation)
 
     def search(
         self,
@@ -265,7 +262,7 @@ class Study:
         tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES,
     ) -> SearchResult:
         """Searches the registry's entries, knobs and chains for the fastest variant of `source` that passes its check
-        (`run_search`), screening here or on the study's cluster. The leaders become attempt runs, the other timed
+        (`ForwardSearch`), screening here or on the study's cluster. The leaders become attempt runs, the other timed
         candidates light runs ("candidate"), every candidate a row of `report/search.html`. Returns what it did; the
         answer is `study.best`."""
         if self._run_cm is None:
@@ -273,14 +270,24 @@ class Study:
         session = session or SessionConfig()
         baseline = self._search_baseline(Path(source), session, tolerance_for(tolerance, "fp32"))
         with self.steps.step("search"):
-            return self.record_search(run_search(
+            return self.run_strategy(ForwardSearch(
                 Path(source), feeds=self.feeds, baseline=baseline.attempt, baseline_outputs=baseline.outputs,
-                tolerance=tolerance, workdir=self._work / "search", config=config or SearchConfig(), info=info,
-                session=session, full_attempt_s=sum(baseline.steps.seconds.values()) or 60.0,
-                prepared=self._work / PREPARED, text=self.setup.quality, remote=self._cluster, profile=baseline.profile,
-                optimize=lambda entry, src, tags, made: self.optimize(entry, src, info=info, session=session,
-                                                                      tolerance=tolerance, tags=tags, made=made),
-            ))
+                tolerance=tolerance, made=self.made, workdir=self._work / "search", config=config or SearchConfig(),
+                info=info, session=session, full_attempt_s=sum(baseline.steps.seconds.values()) or 60.0,
+                prepared=self._work / PREPARED, text=self.setup.quality, remote=self._executor.remote,
+                profile=baseline.profile,
+            ), source, info=info, session=session, tolerance=tolerance)
+
+    def run_strategy(self, strategy: Strategy, source: str | Path, *, info: ModelInfo | None = None,
+                     session: SessionConfig | None = None,
+                     tolerance: TaskTolerance | Mapping[str, TaskTolerance] = TOLERANCES) -> SearchResult:
+        """Runs a search `strategy`: each candidate it proposes is applied to `source` and measured in full as an
+        attempt (`optimize`, with `info`, `session` and `tolerance`), and its outcome handed back; then its result is
+        kept for the report (`record_search`)."""
+        for proposal in strategy.proposals():
+            strategy.record(proposal, self.optimize(proposal.entry, source, info=info, session=session,
+                                                    tolerance=tolerance, tags=proposal.tags))
+        return self.record_search(strategy.result())
 
     def record_search(self, result: SearchResult) -> SearchResult:
         """Keeps a search's `result` for the report, its candidates timed only on the screen logged as light runs."""
@@ -293,16 +300,14 @@ class Study:
         return result
 
     def _search_baseline(self, source: Path, session: SessionConfig, tolerance: TaskTolerance) -> AttemptResult:
-        """The onnxruntime baseline, measured if the study has none; on a cluster, its outputs computed here."""
-        sent = self._cluster.baseline("onnxruntime") if self._cluster is not None else None
-        baseline = runtime_baselines(self.results).get("onnxruntime") or (AttemptResult(attempt=sent) if sent else None)
+        """The onnxruntime baseline with its outputs on the feeds, measured if the study has none."""
+        baseline = self._executor.baseline("onnxruntime")
         if baseline is None:
-            baseline = self.attempt("baseline", source, session=session, tolerance=tolerance,
+            measured = self.attempt("baseline", source, session=session, tolerance=tolerance,
                                     description=f"{source.name} as given")
-            if not baseline.ok:
-                raise ValueError(f"the baseline failed, so nothing can be compared with it: {baseline.error}")
-        if self._cluster is not None:
-            baseline.outputs = outputs_of(baseline.attempt, self.feeds)
+            if not measured.ok:
+                raise ValueError(f"the baseline failed, so nothing can be compared with it: {measured.error}")
+            baseline = self._executor.baseline("onnxruntime") or measured
         return baseline
 
     @property
@@ -331,14 +336,10 @@ class Study:
 
     def rows(self, *, tables: bool = False) -> list[AttemptRow]:
         """The study's rows (per-op tables if `tables`): its attempts', or a cluster's runs', then `failures`'."""
-        if self._cluster is None:
-            return rows_from_results(self.results, failures=self.failures, skip_runs=self.config.skip_runs,
-                                     tables=tables)
-        return self._cluster.rows() + [failed_row(name, error) for name, error in self.failures.items()]
+        return self._executor.rows(self.failures, skip_runs=self.config.skip_runs, tables=tables)
 
     def wait(self) -> None:  # for the attempts a cluster's nodes are measuring, logging each
-        if self._cluster is not None:
-            self._cluster.wait()
+        self._executor.wait()
 
     @property
     def best(self) -> AttemptResult | None:
@@ -358,14 +359,12 @@ class Study:
         study's wall time so far."""
         totals = StepTimes()
         totals.add(self.steps)
-        for steps in [r.steps for r in self.results] + ([self._cluster.steps] if self._cluster else []):
-            totals.add(steps)
+        totals.add(self._executor.measuring_steps())
         return totals, time.perf_counter() - self._started
 
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
-            if self._cluster is not None:  # waits for the nodes, or ends what they measure as FAILED runs
-                self.results += self._cluster.finish(exc)
+            self._executor.finish(exc)  # a cluster waits for its nodes, or ends what they measure as FAILED runs
         except BaseException as e:  # Ctrl-C while waiting: the study ends as if it had landed in the block
             self._end(type(e), e, e.__traceback__)
             raise

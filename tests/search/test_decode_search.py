@@ -3,17 +3,21 @@ scenario's past that passes the generation check, on the tiny GPT-2's decode-rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_TOLERANCES
+from tracker.measure.attempt import Attempt, AttemptResult
 from tracker.measure.generation.decoder import DecoderSession
 from tracker.measure.generation.generation import GenerationConfig
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Candidate, ModelInfo, get_entry
+from tracker.outcome import Failed, Measured, Outcome, Pending
 from tracker.search import SearchConfig
 from tracker.search.decode import (
     DECODE_SCREEN,
@@ -24,7 +28,8 @@ from tracker.search.decode import (
     screen_decode,
     step_bytes,
 )
-from tracker.search.decode_search import run_decode_search
+from tracker.search.decode_search import DecodeSearch
+from tracker.search.result import Proposal, Row, SearchResult, Strategy, full_measurement
 
 PAST = 32
 # The tiny GPT-2: 2 layers of 4 heads of 16, 64 wide, 1000 tokens; per layer c_attn 64x192, c_proj 64x64, c_fc 64x256,
@@ -100,10 +105,8 @@ def test_a_decode_screen_races_out_a_candidate_that_cannot_beat_the_leader_and_r
 @pytest.mark.slow
 def test_the_search_checks_each_graph_once_screens_its_settings_and_hands_the_leaders_on(target, tmp_path):
     space = DecodeSpace(weights=("int4_block32:accuracy_level=0", "fp32"), sessions=("", "io_binding"))
-    sent = []
 
-    result = run_decode_search(target, optimize=lambda entry, tags: sent.append((entry.name, tags)),
-                               workdir=tmp_path, space=space, config=SearchConfig(max_full=2))
+    result, sent = _drive(DecodeSearch(target, workdir=tmp_path, space=space, config=SearchConfig(max_full=2)))
 
     rows = {r.name: r for r in result.rows}
     assert len(rows) == 2 * 2 * 2  # weights x cache x settings
@@ -128,10 +131,8 @@ def test_a_graph_that_fails_the_check_spares_those_that_only_add_rounding_to_it(
     strict = replace(target, tolerances={**LOGITS_TOLERANCES, "int4": replace(LOGITS_FP32, name="int4")})
     space = DecodeSpace(weights=("int4_block32:accuracy_level=0", "int4_block32", "int4_block32:block_size=128"),
                         sessions=("io_binding",))
-    sent = []
 
-    result = run_decode_search(strict, optimize=lambda entry, tags: sent.append(entry.name), workdir=tmp_path,
-                               space=space)
+    result, sent = _drive(DecodeSearch(strict, workdir=tmp_path, space=space))
 
     rows = {r.name: r for r in result.rows}
     failed = "attention_fused+shared_kv+int4_block32.acc-0"
@@ -152,9 +153,31 @@ def test_a_graph_that_fails_the_check_spares_those_that_only_add_rounding_to_it(
 def test_a_budget_that_cannot_cover_a_graph_leaves_every_row_with_the_reason(target, tmp_path):
     space = DecodeSpace(weights=("fp32",), sessions=("",))
 
-    result = run_decode_search(target, optimize=lambda entry, tags: None, workdir=tmp_path, space=space,
-                               config=SearchConfig(budget_s=1.0), full_attempt_s=0.5)
+    result, _ = _drive(DecodeSearch(target, workdir=tmp_path, space=space, config=SearchConfig(budget_s=1.0),
+                                    full_attempt_s=0.5))
 
     assert [r.status for r in result.rows] == ["skipped", "skipped"]
     assert all(r.reason == "not tried: the budget was kept for the leaders" for r in result.rows)
     assert "the budget did not reach fp32 (2 of 2)" in result.coverage_line()
+
+
+def test_a_leaders_row_says_what_its_full_measurement_gave_back():
+    rows = [Row(name, name, "quantization", stage="speed_screen") for name in ("a", "b", "c")]
+
+    full_measurement(rows[0], Measured(AttemptResult(attempt=Attempt(name="a", model=Path("a.onnx")))))
+    full_measurement(rows[1], Pending("b", 3))
+    full_measurement(rows[2], Failed("c", "the node went away"))
+
+    assert [(r.stage, r.status) for r in rows] == [("full", "timed"), ("full", "timed"), ("full", "failed")]
+    assert rows[2].reason == "its full measurement failed: the node went away"
+
+
+def _drive(search: Strategy, answer: Callable[[Proposal], Outcome] = lambda p: Pending(p.entry.name, 0),
+           ) -> tuple[SearchResult, list[tuple[str, dict[str, str]]]]:
+    """Runs `search` as a study would, each proposal answered by `answer` (default: sent to a cluster): its result,
+    and the proposals with their tags in order."""
+    sent = []
+    for proposal in search.proposals():
+        sent.append((proposal.entry.name, dict(proposal.tags)))
+        search.record(proposal, answer(proposal))
+    return search.result(), sent

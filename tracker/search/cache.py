@@ -240,6 +240,31 @@ class SearchCache:
             total -= size
 
 
+class MadeModels:
+    """Models an entry made of a source in this study, kept by the source's content (`model_digest`) and the entry's
+    name with its knobs: what a search made of its leaders is measured from, never made twice (`Study.optimize` takes
+    it)."""
+
+    def __init__(self) -> None:
+        self._made: dict[tuple[str, str], tuple[Candidate, float]] = {}
+        self._digests: dict[tuple[str, int, int], str] = {}  # (path, size, mtime): each source read once
+
+    def put(self, source: Path, entry: Entry, candidate: Candidate, seconds: float) -> None:
+        """Keeps `candidate`, which `entry` made of `source` in `seconds`."""
+        self._made[self._key(source, entry)] = (candidate, seconds)
+
+    def take(self, source: Path, entry: Entry) -> tuple[Candidate, float] | None:
+        """What `entry` made of `source` and the seconds it took, once; None when nothing was kept."""
+        return self._made.pop(self._key(source, entry), None) if self._made else None
+
+    def _key(self, source: Path, entry: Entry) -> tuple[str, str]:
+        stat = Path(source).stat()
+        file = (str(Path(source).resolve()), stat.st_size, stat.st_mtime_ns)
+        if file not in self._digests:
+            self._digests[file] = model_digest(Path(source))
+        return self._digests[file], entry.name
+
+
 def model_digest(path: Path) -> str:
     """sha256 of a model file and of the external data files it names, in order."""
     digest = hashlib.sha256()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,55 +17,58 @@ from tracker.base.keys import TAG_SEARCH_STAGE
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received
 from tracker.base.vocabulary import Kind
-from tracker.optimize import Candidate, Chain, Context, Entry
+from tracker.optimize import Candidate, Chain, Context
 from tracker.optimize.quantize.prepare import model_bytes
+from tracker.outcome import Outcome
 from tracker.search.budget import Budget
 from tracker.search.decode import DecodeSpace, DecodeTarget, added_rounding, check_decode, screen_decode, step_bytes
-from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
+from tracker.search.result import STAGES, Proposal, Row, SearchConfig, SearchResult, full_measurement
 
 logger = logging.getLogger(__name__)
 
 # Until the search has measured one of its own, what a graph's make and check, and a screen, cost (seconds).
 _GUESS_S = {"make": 30.0, "screen": 15.0}
 
-Optimize = Callable[[Entry, Mapping[str, str]], object]  # measures and logs one leader in full (`Study.optimize`)
-
-
-def run_decode_search(target: DecodeTarget, *, optimize: Optimize, workdir: Path, space: DecodeSpace | None = None,
-                      config: SearchConfig = SearchConfig(), full_attempt_s: float = 120.0) -> SearchResult:
-    """Searches `space` for the fastest decode chain at the target's past that passes the generation check.
+class DecodeSearch:
+    """Searches `space` for the fastest decode chain at the target's past that passes the generation check, as a
+    `Strategy`: `proposals` makes, checks and screens the graphs, then proposes the leaders for the study to measure
+    in full (it makes each again on its sources: the forward model and the decode-ready export).
 
     Args:
         target: the generation scenario's decode-ready export, its baseline's generation and check.
-        optimize: measures and logs one leader in full, given its chain and its run's tags (`Study.optimize`).
         workdir: where graphs are made (each removed once its settings are screened).
         space: the decode knobs combined (default `DecodeSpace()`).
         config: the budget and how many leaders are measured in full (`max_full`); the rest is the forward search's.
         full_attempt_s: what a full attempt costs (the baseline's, with its generation), kept for the last stage.
     """
-    search = _DecodeSearch(target, optimize, Path(workdir), config, Budget(config.budget_s), full_attempt_s)
-    try:
-        search.run(space or DecodeSpace())
-    finally:
-        shutil.rmtree(Path(workdir) / "made", ignore_errors=True)
-    return SearchResult(search.rows, [], search.stages.seconds, config.budget_s, search.budget.spent(),
-                        leaders=search.leaders)
 
-
-class _DecodeSearch:
-    def __init__(self, target: DecodeTarget, optimize: Optimize, workdir: Path, config: SearchConfig, budget: Budget,
-                 full_attempt_s: float) -> None:
-        self.target, self.optimize, self.workdir, self.config = target, optimize, workdir, config
-        self.budget, self.full_attempt_s = budget, full_attempt_s
+    def __init__(self, target: DecodeTarget, *, workdir: Path, space: DecodeSpace | None = None,
+                 config: SearchConfig = SearchConfig(), full_attempt_s: float = 120.0) -> None:
+        self.target, self.workdir, self.space, self.config = target, Path(workdir), space or DecodeSpace(), config
+        self.budget, self.full_attempt_s = Budget(config.budget_s), full_attempt_s
         self.rows: list[Row] = []
         self.chains: dict[str, Chain] = {}
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))
         self.leaders: list[tuple[float, str]] = []
 
+    def proposals(self) -> Iterator[Proposal]:
+        try:
+            self._screen_all(self.space)
+        finally:
+            shutil.rmtree(self.workdir / "made", ignore_errors=True)
+        yield from self._full()
+
+    def record(self, proposal: Proposal, outcome: Outcome) -> None:
+        full_measurement(next(r for r in self.rows if r.name == proposal.entry.name), outcome)
+
+    def result(self) -> SearchResult:
+        return SearchResult(self.rows, [], self.stages.seconds, self.config.budget_s, self.budget.spent(),
+                            leaders=self.leaders)
+
     def _reserve(self) -> float:  # the full measurement of the leaders
         return self.config.max_full * self.budget.expected("full", self.full_attempt_s)
 
-    def run(self, space: DecodeSpace) -> None:
+    def _screen_all(self, space: DecodeSpace) -> None:
         with self.stages.step("applicability"):
             graphs = self._ordered(space)
         failed: list[tuple[str, frozenset[str], str]] = []  # (key, added rounding, name) of each graph that failed
@@ -197,7 +200,7 @@ class _DecodeSearch:
                         "s kept for the full measurement of %d leaders)", fits, graphs, each, self._reserve(),
                         self.config.max_full)
 
-    def _full(self) -> None:
+    def _full(self) -> Iterator[Proposal]:
         pool = [r for r in self.rows if r.passed and r.screen_speedup is not None and not r.reason]
         pool.sort(key=lambda r: -(r.screen_speedup or 0.0))
         top = pool[0].screen_ci_low if pool else None
@@ -212,8 +215,7 @@ class _DecodeSearch:
             else:
                 logger.info("decode search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
                 with self.stages.step("full"), self.budget.timing("full"):
-                    self.optimize(self.chains[row.name], {TAG_SEARCH_STAGE: row.stage})
-                row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
+                    yield Proposal(self.chains[row.name], {TAG_SEARCH_STAGE: row.stage})  # then `record`ed
 
 
 def _session_of(chain: Chain, graph: Candidate) -> Candidate:

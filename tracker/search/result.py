@@ -1,14 +1,16 @@
 """What a search is given and what it answers: its config (`SearchConfig`), a row per candidate (where it ended and
-why), the result with its counts, metrics and light candidate runs, and the lines the command prints.
+why), the result with its counts, metrics and light candidate runs, and the lines the command prints; and how a study
+runs one (`Strategy`: it proposes its leaders, the study measures each and hands back the outcome).
 
-Running the stages is `tracker.search.run`'s.
+Running the stages is `tracker.search.run`'s (and `decode_search`'s).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -22,9 +24,42 @@ from tracker.base.keys import (
     TAG_SEARCH_STATUS,
     TAG_STUDY,
 )
+from tracker.optimize import Entry
+from tracker.outcome import Failed, Outcome
 from tracker.search.sensitivity import Sensitivity
 
 STAGES = ("applicability", "accuracy", "fallback", "speed_screen", "full")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A candidate a strategy asks the study to measure in full: its entry (its knobs are in its name) and its run's
+    tags. The study applies it to the source it runs the strategy on; a model the search already made of it waits in
+    the study's `MadeModels`, so it is not made again."""
+
+    entry: Entry
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+class Strategy(Protocol):
+    """A search as the study runs it (`Study.run_strategy`): it does its own screening, then proposes the candidates it
+    wants measured in full, one at a time, and takes back each one's outcome before proposing the next. It never
+    calls the study."""
+
+    def proposals(self) -> Iterator[Proposal]: ...
+
+    def record(self, proposal: Proposal, outcome: Outcome) -> None: ...
+
+    def result(self) -> SearchResult: ...
+
+
+def full_measurement(row: Row, outcome: Outcome) -> None:
+    """`row`'s last stage, from what measuring it in full gave back."""
+    row.stage = "full"
+    if isinstance(outcome, Failed):
+        row.status, row.reason = "failed", f"its full measurement failed: {outcome.reason}"[:300]
+    else:  # measured here, or sent to a cluster's nodes: its runs are the study's either way
+        row.status, row.reason = "timed", "measured in full (a nested run)"
 
 
 @dataclass(frozen=True)

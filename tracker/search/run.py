@@ -4,8 +4,9 @@
 2. accuracy: each candidate made and run once on the feeds (in the prior's order), judged by the task with no
    timing, then screened for speed at once (a race); a failing quantization that could still be the fastest gets the
    sensitivity fallback (fewest nodes kept in fp32), a fast fp32 graph a chain with the best quantization;
-3. the better half screened again, longer; the leaders measured in full (a nested attempt run each, with the
-   calibrated speed-up and verdict). The answer is the study's best attempt (`rows.pick_best`), as without a search.
+3. the better half screened again, longer; the leaders proposed to the study (`Strategy`), which measures each in
+   full (a nested attempt run each, with the calibrated speed-up and verdict). The answer is the study's best attempt
+   (`rows.pick_best`), as without a search.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +30,12 @@ from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
 from tracker.optimize.quantize.prepare import model_bytes
+from tracker.outcome import Outcome
 from tracker.profile.parse import Profile
 from tracker.search.budget import Budget
-from tracker.search.cache import Cached, SearchCache
+from tracker.search.cache import Cached, MadeModels, SearchCache
 from tracker.search.priors import op_time, prior_order
-from tracker.search.result import STAGES, Row, SearchConfig, SearchResult
+from tracker.search.result import STAGES, Proposal, Row, SearchConfig, SearchResult, full_measurement
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text
 from tracker.search.screening import Remote, Screens
 from tracker.search.sensitivity import Sensitivity, fallback
@@ -45,17 +47,9 @@ logger = logging.getLogger(__name__)
 _GUESS_S = {"make": 10.0, "screen": 5.0, "long_screen": 10.0, "fallback": 120.0}
 
 
-Optimize = Callable[..., object]  # `Study.optimize`: (entry, source, tags=, made=(candidate, seconds))
-
-
-def run_search(
-    source: Path, *, feeds: Mapping[str, np.ndarray], baseline: Attempt, baseline_outputs: Sequence[np.ndarray],
-    tolerance: TaskTolerance | Mapping[str, TaskTolerance], optimize: Optimize, workdir: Path,
-    config: SearchConfig = SearchConfig(), info: ModelInfo | None = None, session: SessionConfig = SessionConfig(),
-    full_attempt_s: float = 60.0, prepared: Path | None = None, text: TextCheck | None = None,
-    remote: Remote | None = None, profile: Profile | None = None,
-) -> SearchResult:
-    """Searches the registry's entries and knobs for the fastest candidate that passes the task's check.
+class ForwardSearch:
+    """The search of a model's forward pass, as a `Strategy`: `proposals` runs the stages up to the leaders, then
+    proposes each leader for its full measurement, the model it made kept in `made` for the study to measure.
 
     Args:
         source: the model file to optimize.
@@ -63,43 +57,30 @@ def run_search(
         baseline: the study's baseline attempt (the speed screen times against it).
         baseline_outputs: its outputs on `feeds`.
         tolerance: the task's tolerance per precision.
-        optimize: measures and logs one entry in full, given what the search made of it (`Study.optimize`).
+        made: where the leaders' models are kept for the study (`Study.made`).
         workdir: where candidates are made (removed as they are screened out).
         full_attempt_s: what a full attempt costs (the baseline's), to keep time for the last stage.
-        prepared: where the pre-processed sources are kept (`Context.work`): the study's own, so that `optimize`
-            finds the leaders' there too (default: under `workdir`).
+        prepared: where the pre-processed sources are kept (`Context.work`): the study's own, so that its
+            `optimize` finds the leaders' there too (default: under `workdir`).
         text: a language model's check on real text (the study's, its baseline scored): every candidate, and every
             retry of the sensitivity fallback, is judged by it instead of by `tolerance` on the feeds.
         remote: a cluster that screens the candidates on its nodes, several at once, each against its own baseline
-            (`Fanout`); `optimize` then sends the leaders there too. None: every screen runs here, against `baseline`.
+            (`Fanout`). None: every screen runs here, against `baseline`.
         profile: the baseline's profile: the cost model orders a family no prior holds by its ops' share of the time.
     """
-    budget = Budget(config.budget_s)
-    context = Context(info=info, feeds=feeds, work=prepared or workdir / "prepared")
-    search = _Search(source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
-                     session, budget, full_attempt_s, text)
-    if config.cache_dir is not None and text is None:  # an LM judged on text is not cached yet
-        search.cache = SearchCache.open(Path(config.cache_dir), source=Path(source), feeds=feeds,
-                                        judged_by=repr(tolerance), session=session, fresh=config.fresh)
-    search.screens, search.profile = Screens(baseline, feeds, session, budget, search.cache, remote), profile
-    try:
-        search.run()
-    finally:
-        for folder in workdir.glob("made-*"):
-            shutil.rmtree(folder, ignore_errors=True)
-    if search.cache is not None:
-        logger.info("search cache %s: %s", search.cache.root, search.cache.reused_line())
-    return SearchResult(search.rows, search.sensitivities, search.stages.seconds, config.budget_s, budget.spent(),
-                        leaders=search.leaders)
 
-
-class _Search:
-    def __init__(self, source, feeds, baseline, baseline_outputs, tolerance, optimize, workdir, config, context,
-                 session, budget, full_attempt_s, text=None) -> None:
+    def __init__(
+        self, source: Path, *, feeds: Mapping[str, np.ndarray], baseline: Attempt,
+        baseline_outputs: Sequence[np.ndarray], tolerance: TaskTolerance | Mapping[str, TaskTolerance],
+        made: MadeModels, workdir: Path, config: SearchConfig = SearchConfig(), info: ModelInfo | None = None,
+        session: SessionConfig = SessionConfig(), full_attempt_s: float = 60.0, prepared: Path | None = None,
+        text: TextCheck | None = None, remote: Remote | None = None, profile: Profile | None = None,
+    ) -> None:
         self.source, self.feeds, self.baseline = Path(source), dict(feeds), baseline
-        self.baseline_outputs, self.tolerance, self.optimize = list(baseline_outputs), tolerance, optimize
-        self.workdir, self.config, self.context, self.session = Path(workdir), config, context, session
-        self.budget, self.full_attempt_s, self.text = budget, full_attempt_s, text
+        self.baseline_outputs, self.tolerance, self.kept = list(baseline_outputs), tolerance, made
+        self.workdir, self.config, self.session = Path(workdir), config, session
+        self.budget, self.full_attempt_s, self.text, self.profile = Budget(config.budget_s), full_attempt_s, text, profile
+        self.context = Context(info=info, feeds=feeds, work=prepared or self.workdir / "prepared")
         self.rows: list[Row] = []
         self.by_name: dict[str, Row] = {}
         self.made: dict[str, tuple[Entry, Candidate]] = {}
@@ -108,11 +89,30 @@ class _Search:
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))  # seconds per stage
         self.expected: dict[str, float] = {}  # each family's expected speed-up (`priors.prior_order`)
         self.cache: SearchCache | None = None
-        self.screens = Screens(baseline, feeds, session, budget, None)  # `run_search` sets its own
+        if config.cache_dir is not None and text is None:  # an LM judged on text is not cached yet
+            self.cache = SearchCache.open(Path(config.cache_dir), source=self.source, feeds=feeds,
+                                          judged_by=repr(tolerance), session=session, fresh=config.fresh)
+        self.screens = Screens(baseline, feeds, session, self.budget, self.cache, remote)
         self.cached: dict[str, Cached] = {}  # what the cache held of each candidate
         self.hits: dict[str, Cached | None] = {}  # the cache's entries read to order the candidates, until used
-        self.profile: Profile | None = None  # the baseline's, for the cost model's share of each op's time
         self.leaders: list[tuple[float, str]] = []  # (seconds into the search, name) each time the leader changed
+
+    def proposals(self) -> Iterator[Proposal]:
+        try:
+            self._screen_all()
+            yield from self._full()
+        finally:
+            for folder in self.workdir.glob("made-*"):
+                shutil.rmtree(folder, ignore_errors=True)
+            if self.cache is not None:
+                logger.info("search cache %s: %s", self.cache.root, self.cache.reused_line())
+
+    def record(self, proposal: Proposal, outcome: Outcome) -> None:
+        full_measurement(self.by_name[proposal.entry.name], outcome)
+
+    def result(self) -> SearchResult:
+        return SearchResult(self.rows, self.sensitivities, self.stages.seconds, self.config.budget_s,
+                            self.budget.spent(), leaders=self.leaders)
 
     # -- bookkeeping
     def _row(self, entry: Entry, **fields) -> Row:
@@ -129,7 +129,7 @@ class _Search:
         return {"accuracy": full + 8 * screen, "fallback": full + 4 * screen, "speed_screen": full, "full": 0.0}[after]
 
     # -- stages
-    def run(self) -> None:
+    def _screen_all(self) -> None:
         graph = onnx.load_model(str(self.source), load_external_data=False)
         with self.stages.step("applicability"):
             found, refused = candidates(graph, self.context, entries=self.config.entries,
@@ -345,7 +345,7 @@ class _Search:
             elif row is not None and chain.name in self.made:
                 self._drop(chain.name)
 
-    def _full(self) -> None:
+    def _full(self) -> Iterator[Proposal]:
         pool = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
         pool.sort(key=lambda r: -(r.screen_speedup or 0))
         for row in pool[max(1, min(6, (len(pool) + 1) // 2)):]:
@@ -370,20 +370,20 @@ class _Search:
                 finals.append(row)
                 continue
             self._drop(row.name)
-        with self.stages.step("full"):
-            for row in finals:
-                if not self.budget.fits("full", self.full_attempt_s):
-                    row.status, row.reason = "skipped", "not measured in full: the budget ran out"
-                    continue
-                logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
-                entry, candidate = self.made[row.name]
-                tags = {TAG_SEARCH_STAGE: row.stage}
-                if row.fallback_of:  # which nodes stayed in fp32 is in its params and notes; why, here
-                    tags[TAG_FALLBACK_OF] = row.fallback_of
-                with self.budget.timing("full"):  # the model the search made (or the cache kept), not made again
-                    self.optimize(entry, self.source, tags=tags, made=(candidate, self.made_s.get(row.name, 0.0)))
-                row.stage, row.status, row.reason = "full", "timed", "measured in full (a nested run)"
-                self._drop(row.name)
+        for row in finals:
+            if not self.budget.fits("full", self.full_attempt_s):
+                row.status, row.reason = "skipped", "not measured in full: the budget ran out"
+                continue
+            logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
+            entry, candidate = self.made[row.name]
+            tags = {TAG_SEARCH_STAGE: row.stage}
+            if row.fallback_of:  # which nodes stayed in fp32 is in its params and notes; why, here
+                tags[TAG_FALLBACK_OF] = row.fallback_of
+            # The model the search made (or the cache kept) is measured, not made again.
+            self.kept.put(self.source, entry, candidate, self.made_s.get(row.name, 0.0))
+            with self.stages.step("full"), self.budget.timing("full"):
+                yield Proposal(entry, tags)  # the study measures it, then `record`s its outcome
+            self._drop(row.name)
 
     def _drop(self, name: str) -> None:  # its files go once it is out of the running (or measured in full)
         made = self.made.pop(name, None)

@@ -17,6 +17,7 @@ from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.base.keys import TAG_WEIGHTS
 from tracker.base.steps import StepTimes
 from tracker.base.vocabulary import Kind
+from tracker.executor import GENERATION, ON_A_CLUSTER
 from tracker.measure.accuracy.lm_diff import LOGITS_FP32, LOGITS_RECORDED, LOGITS_TOLERANCES
 from tracker.measure.accuracy.text_quality import load_bounds
 from tracker.measure.attempt import MeasureConfig
@@ -26,7 +27,7 @@ from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, ModelInfo, get_entry
 from tracker.search import SearchConfig
 from tracker.search.decode import DecodeSpace
-from tracker.search.decode_search import run_decode_search
+from tracker.search.decode_search import DecodeSearch
 from tracker.store import connect
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ class GPT2StudyConfig:
         if self.batch < 1:
             raise ValueError(f"batch must be >= 1, got {self.batch}")
         if self.cluster and "generation" in self.scenarios:
-            raise ValueError("the generation scenario is not supported on a cluster yet: run it without --cluster")
+            ON_A_CLUSTER.check(GENERATION, fix="run it without --cluster")
         if self.search and "generation" not in self.scenarios:
             raise ValueError("--search searches the decode chains: add --scenarios forward,generation (an LM's forward "
                              "pass is searched by `tracker optimize MODEL --search --task lm`)")
@@ -321,12 +322,10 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
                           description=f"{title} exported with the {exported.exporter} exporter ({weights})",
                           metrics=baseline_metrics, params=baseline_params)
             if config.search and scenario is not None and scenario.baseline is not None:
-                study.record_search(run_decode_search(
-                    scenario.target(), workdir=work / "search", space=config.decode_space,
-                    config=SearchConfig(budget_s=config.budget_s), full_attempt_s=FULL_OVER_BASELINE * (
-                        time.perf_counter() - start),
-                    optimize=lambda entry, tags: study.optimize(entry, exported.path, info=info, session=config.session,
-                                                                tolerance=tolerances, tags=tags)))
+                search = DecodeSearch(scenario.target(), workdir=work / "search", space=config.decode_space,
+                                      config=SearchConfig(budget_s=config.budget_s),
+                                      full_attempt_s=FULL_OVER_BASELINE * (time.perf_counter() - start))
+                study.run_strategy(search, exported.path, info=info, session=config.session, tolerance=tolerances)
             for name in config.attempt_names:
                 study.optimize(name, exported.path, info=info, session=config.session, tolerance=tolerances)
         return study

@@ -18,6 +18,7 @@ from tracker.base.model_io import check_ort_ops, load_model
 from tracker.base.settings import cache_folder
 from tracker.cluster import Address
 from tracker.compare import Comparison
+from tracker.executor import ON_A_CLUSTER, TEXT
 from tracker.gpt2.text import TextInputs
 from tracker.measure.accuracy.lm_diff import LOGITS_RECORDED
 from tracker.measure.accuracy.task_diff import TASKS, TaskTolerance, task_tolerances
@@ -129,8 +130,8 @@ class OwnModelConfig:
             return
         if self.max_ppl_increase is not None and not self.max_ppl_increase > 0:
             raise ValueError(f"--max-ppl-increase must be > 0 (0.05 is +5 %), got {self.max_ppl_increase}")
-        if self.cluster:
-            raise ValueError("--tokenizer is not supported on a cluster yet: run it without --cluster")
+        if self.cluster:  # --tokenizer: the model is judged on real text
+            ON_A_CLUSTER.check(TEXT, fix="run it without --cluster, or without --tokenizer")
 
     @property
     def study_name(self) -> str:
