@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-QUICK_PROFILE = ["--runs", "2", "--min-seconds", "0"]
+QUICK_PROFILE = ["--profile-runs", "2", "--min-seconds", "0"]
 QUICK_OPTIMIZE = ["--profile-runs", "2", "--min-runs", "2", "--min-seconds", "0", "--speedup-seconds", "0"]
 # Runs the CLI and prints its own peak memory last on stderr (VmHWM: ru_maxrss would carry the parent's over).
 _PEAK_CHILD = """

@@ -124,7 +124,7 @@ def outbox_is_a_file(tmp: Path) -> tuple[bool, str]:
         connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'no'); END")
     onnx.save(_linear(), str(tmp / "m.onnx"))
     (tmp / "outbox-file").write_text("a file")
-    done = _tracker(tmp, "profile", "m.onnx", "--dim", "N=2", "--runs", "2", "--min-seconds", "0",
+    done = _tracker(tmp, "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2", "--min-seconds", "0",
                     env=_env(tmp, TRACKER_OUTBOX=str(tmp / "outbox-file")))
     held = done.returncode == 2 and "Traceback" not in done.stderr and "not a folder" in done.stderr
     return held, f"rc {done.returncode}: {_last_line(done)}"
@@ -133,7 +133,7 @@ def outbox_is_a_file(tmp: Path) -> tuple[bool, str]:
 def ctrl_c_while_the_default_store_is_built(tmp: Path) -> tuple[bool, str]:
     onnx.save(_linear(), str(tmp / "m.onnx"))
     env = {k: v for k, v in _env(tmp).items() if k != "MLFLOW_TRACKING_URI"}  # ./mlflow.db
-    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2", "--min-seconds",
+    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2", "--min-seconds",
                "0"]
     cut = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

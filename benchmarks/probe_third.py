@@ -251,7 +251,7 @@ def a_token_in_the_uri(tmp: Path) -> tuple[bool, str]:
 
 
 def control_and_bidi_in_an_experiment_name(tmp: Path) -> tuple[bool, str]:
-    done = _tracker(tmp, "profile", str(_save(_linear_model(), tmp / "linear.onnx")), "--runs", "2",
+    done = _tracker(tmp, "profile", str(_save(_linear_model(), tmp / "linear.onnx")), "--profile-runs", "2",
                     "--experiment", "exp\x1b[2J\u202eevil")
     printed = done.stdout + done.stderr
     raw = "\x1b" in printed or "\u202e" in printed
@@ -284,7 +284,7 @@ def a_full_tmpdir(tmp: Path) -> tuple[bool, str]:
         return False, why
     try:
         done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(_save(_linear_model(),
-                               tmp / "linear.onnx")), "--runs", "3"], cwd=tmp, env={**_env(tmp), "TMPDIR": str(full)},
+                               tmp / "linear.onnx")), "--profile-runs", "3"], cwd=tmp, env={**_env(tmp), "TMPDIR": str(full)},
                               capture_output=True, text=True, timeout=300)
     finally:
         _umount(full)

@@ -54,11 +54,22 @@ def cli_page(parser: argparse.ArgumentParser) -> str:
                                            break_on_hyphens=False), "```", ""]
         lines += ["| argument | default | help |", "|---|---|---|"]
         for action in command._actions:
-            if isinstance(action, argparse._HelpAction):
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
                 continue
             lines.append(f"| {_argument(action)} | {_default(action)} | {_cell(_help(action))} |")
-        lines.append("")
+        lines += ["", *_deprecated(command)]
     return "\n".join(lines)
+
+
+def _deprecated(command: argparse.ArgumentParser) -> list[str]:
+    """The command's old spellings (hidden from its help), each with the one that replaces it."""
+    from tracker.experiment_args import DeprecatedAlias
+
+    old = [a for a in command._actions if isinstance(a, DeprecatedAlias)]
+    if not old:
+        return []
+    spelled = ", ".join(f"`{o}` (use `{a.renamed.option_strings[0]}`)" for a in old for o in a.option_strings)
+    return [f"Deprecated, and gone in the next release: {spelled}.", ""]
 
 
 def _argument(action: argparse.Action) -> str:

@@ -75,7 +75,7 @@ def test_a_protobuf_model_named_json_loads_by_its_content(tmp_path, capsys):
 def test_profile_of_a_protobuf_model_named_json_logs_it(store, tmp_path, capsys):
     path = tmp_path / "linear.json"
     path.write_bytes(make_linear_model(n_features=8).SerializeToString())
-    code, out, err = run_cli(capsys, "profile", str(path), "--dim", "N=2", "--runs", "3", "--min-seconds", "0",
+    code, out, err = run_cli(capsys, "profile", str(path), "--dim", "N=2", "--profile-runs", "3", "--min-seconds", "0",
                              "--name", "from-json")
     assert code == 0, err
     assert run_names(store) == ["from-json"]
@@ -132,6 +132,6 @@ def test_feeds_too_large_for_memory_are_refused_before_allocating(store, tmp_pat
 def test_compare_html_where_no_folder_can_be_made_fails_before_reading_runs(store, tmp_path, capsys):
     (tmp_path / "results").write_text("a file, where the report wants a folder")
     path = tmp_path / "results" / "report.html"
-    code, _, err = run_cli(capsys, "compare", "--runs", "0123456789abcdef", "--html", str(path))
+    code, _, err = run_cli(capsys, "compare", "--run-ids", "0123456789abcdef", "--html", str(path))
     assert_one_line_error(code, err, repr(str(path)), f"{str(tmp_path / 'results')!r} is a file, not a folder")
     assert not (tmp_path / "mlflow.db").exists()  # the store was not opened

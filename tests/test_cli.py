@@ -1,4 +1,5 @@
-"""Tests of the `tracker summarize` and `tracker inspect` commands through `tracker.cli.main`."""
+"""Tests of the `tracker summarize` and `tracker inspect` commands through `tracker.cli.main`, and of the options'
+old spellings."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from tracker.cli import main
+from tracker.cli import _parser, main
 from tracker.optimize.add_eyelike import make_linear_model
 from tracker.profile import columns as C
 from tracker.profile.aggregate import summarize
@@ -193,3 +194,22 @@ def test_summarize_with_workers_gives_what_one_process_gives(capsys, tmp_path):
     three = _summarize_json(capsys, str(path), "--workers", "3")
     assert path.stat().st_size > 4 * 2**20
     assert three == one and one["runs"] == 2500
+
+
+@pytest.mark.parametrize(("command", "old", "new", "values"), [
+    (["profile", "model.onnx"], "--runs", "--profile-runs", ["4"]),
+    (["compare"], "--runs", "--run-ids", ["0123456789abcdef", "fedcba9876543210"]),
+], ids=["profile-runs", "compare-run-ids"])
+def test_an_old_spelling_parses_as_the_new_one_after_one_line_and_is_not_in_the_help(capsys, command, old, new, values):
+    parsed_old = _parser().parse_args([*command, old, *values])
+    said = capsys.readouterr().err
+    parsed_new = _parser().parse_args([*command, new, *values])
+
+    assert parsed_old == parsed_new
+    assert said == (f"tracker: {old} is deprecated for 'tracker {command[0]}': use {new} (the old spelling goes in "
+                    "the next release)\n")
+    assert capsys.readouterr().err == ""  # the new spelling says nothing
+    with pytest.raises(SystemExit):
+        main([command[0], "--help"])
+    shown = capsys.readouterr().out
+    assert new in shown and f"{old} " not in shown and f"{old}\n" not in shown

@@ -188,7 +188,7 @@ def test_the_command_lines_default_to_the_same_fields(entry, parsed):
 def test_tracker_profile_defaults_to_the_measure_and_session_fields():
     args = _parser().parse_args(["profile", "model.onnx"])
 
-    assert (args.runs, args.min_seconds, args.seed) == (MeasureConfig.profile_runs, TimingConfig.min_seconds,
+    assert (args.profile_runs, args.min_seconds, args.seed) == (MeasureConfig.profile_runs, TimingConfig.min_seconds,
                                                         OwnModelConfig.seed)
     assert args.opt_level == SessionConfig.graph_optimization_level
 

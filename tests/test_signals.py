@@ -46,7 +46,7 @@ def _migrating(folder: Path) -> bool:
 @pytest.mark.timing  # Ctrl-C must land while the migrations run (seconds): retried when it lands after them
 def test_ctrl_c_while_the_default_store_is_built_leaves_none_half_built(tmp_path):
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "m.onnx"))
-    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--runs", "2",
+    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2",
                "--min-seconds", "0"]
     # Ctrl-C as a user's terminal sends it, even when this test runs with SIGINT ignored (a shell's `&` job)
     cut = subprocess.Popen(command, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

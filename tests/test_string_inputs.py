@@ -107,7 +107,7 @@ def test_profile_runs_a_string_model_on_generated_feeds_and_on_a_npz_of_unicode_
     path = tmp_path / "colors.onnx"
     onnx.save_model(color_model(), str(path))
     np.savez(tmp_path / "feeds.npz", color=np.array(["red", "blue", "pink"]))
-    quick = ["--runs", "2", "--min-seconds", "0", "--experiment", "strings"]
+    quick = ["--profile-runs", "2", "--min-seconds", "0", "--experiment", "strings"]
     assert main(["profile", str(path), "--dim", "N=4", "--name", "generated", *quick]) == 0, capsys.readouterr().err
     assert main(["profile", str(path), "--feeds", str(tmp_path / "feeds.npz"), "--name", "from-file", *quick]) == 0
     out = capsys.readouterr().out

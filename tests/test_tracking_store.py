@@ -52,7 +52,7 @@ def test_profile_exits_2_and_names_the_outbox_when_the_store_refuses_the_run(tmp
     model_path = tmp_path / "model.onnx"
     onnx.save(make_linear_model(n_features=8), model_path)
 
-    code = main(["profile", str(model_path), "--dim", "N=2", "--runs", "3", "--min-seconds", "0", "--name", "kept"])
+    code = main(["profile", str(model_path), "--dim", "N=2", "--profile-runs", "3", "--min-seconds", "0", "--name", "kept"])
     captured = capsys.readouterr()
     assert code == 2
     assert "run None" not in captured.out

@@ -2,8 +2,8 @@
 
 from tracker.base.lazy import lazy_getattr
 
-# Public names and their modules, imported on first use so `tracker summarize` does not pay for
-# importing MLflow.
+# Public names (what the docs' examples import) and their modules, imported on first use so `tracker summarize` does
+# not pay for importing MLflow. `module:attribute` where the public name is not the module's.
 _EXPORTS = {
     "Study": "tracker.api",
     "StudySetup": "tracker.api",
@@ -20,6 +20,10 @@ _EXPORTS = {
     "Pending": "tracker.outcome",
     "TimingConfig": "tracker.measure.timing.latency",
     "SessionConfig": "tracker.measure.runtimes.ort_runtime",
+    "SearchConfig": "tracker.search.result",
+    "ModelInfo": "tracker.optimize",
+    # A task's tolerance per precision (`study.search(..., tolerance=tracker.tolerances("embedding"))`).
+    "tolerances": "tracker.measure.accuracy.task_diff:task_tolerances",
     "Tolerance": "tracker.measure.accuracy.output_diff",
     "EXACT": "tracker.measure.accuracy.output_diff",
     "FP32": "tracker.measure.accuracy.output_diff",

@@ -44,7 +44,7 @@ def _error(text: str) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from tracker.experiment_args import FieldDefault, field_default, measure_class, session_class
+    from tracker.experiment_args import FieldDefault, deprecated_alias, field_default, measure_class, session_class
     from tracker.measure.timing.latency import TimingConfig
 
     parser = argparse.ArgumentParser(prog="tracker", description=__doc__)
@@ -67,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=".npz of arrays by input name, or .npy for a one-input model (default: generated)")
     _add_feed_options(p)
     p.add_argument("--name", default="", help="attempt name, the run name (default: the model file's stem)")
-    p.add_argument("--runs", type=int, action=FieldDefault, field=(measure_class, "profile_runs"),
-                   help="profiled runs (the first is dropped from tables)")
+    runs = p.add_argument("--profile-runs", type=int, action=FieldDefault, field=(measure_class, "profile_runs"),
+                          help="profiled runs (the first is dropped from tables)")
+    p.add_argument("--runs", **deprecated_alias(runs))
     p.add_argument("--opt-level", choices=("disable", "basic", "extended", "layout", "all"), action=FieldDefault,
                    field=(session_class, "graph_optimization_level"))
     p.add_argument("--threads", type=int, default=None, help="intra-op threads (default: core count)")
@@ -195,6 +196,7 @@ def _cache(args: argparse.Namespace) -> int:
 
 def _add_compare_parser(sub) -> None:
     from tracker.compare import PASS_RULE
+    from tracker.experiment_args import deprecated_alias
 
     c = sub.add_parser(
         "compare", help="print a study's attempts side by side; exit 1 if a --require'd attempt did not pass",
@@ -207,7 +209,8 @@ def _add_compare_parser(sub) -> None:
                                                                  "last log line links to)")
     which.add_argument("--study-run", metavar="RUN_ID", help="the study's parent run, as RUN_ID")
     which.add_argument("--study", metavar="NAME", help="the latest run of this study (needs --experiment)")
-    which.add_argument("--runs", nargs="+", metavar="RUN_ID", help="attempt runs, in the order to show")
+    run_ids = which.add_argument("--run-ids", nargs="+", metavar="RUN_ID", help="attempt runs, in the order to show")
+    which.add_argument("--runs", **deprecated_alias(run_ids))
     c.add_argument("--experiment", metavar="NAME", help="experiment of --study")
     c.add_argument("--html", metavar="PATH", help="also write the offline HTML report there")
     c.add_argument("--require", action="append", default=[], metavar="NAME",
@@ -228,7 +231,7 @@ def _compare(args: argparse.Namespace) -> int:
         compare.check_report_path(args.html)  # before reading runs: a bad path fails fast
     connect.setup_tracking()
     comparison = compare.load_comparison(study_run_id=args.run or args.study_run, experiment=args.experiment,
-                                         study=args.study, run_ids=args.runs or ())
+                                         study=args.study, run_ids=args.run_ids or ())
     requirements = compare.check_required(comparison.rows, args.require)
     if args.html:
         path = write_report(comparison.rows, args.html, title=comparison.title, best=comparison.best)
@@ -345,7 +348,7 @@ def _profile(args: argparse.Namespace) -> int:
     name = args.name or default_name(args.model)
     session = SessionConfig(graph_optimization_level=args.opt_level,
                             **({"intra_op_num_threads": args.threads} if args.threads else {}))
-    config = MeasureConfig(profile_runs=args.runs, skip_runs=1 if args.runs > 1 else 0,
+    config = MeasureConfig(profile_runs=args.profile_runs, skip_runs=1 if args.profile_runs > 1 else 0,
                            timing=TimingConfig(min_seconds=args.min_seconds))
     result = log_attempt(args.model, feeds, name=name, experiment=args.experiment, config=config,
                          session=session)

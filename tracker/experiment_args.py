@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracker.measure.timing.latency import TimingConfig
 from tracker.measure.timing.speedup import MIN_ROUNDS, SpeedupConfig
@@ -101,6 +102,34 @@ class FieldDefault(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, values)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An option's old spelling, kept for one release: it says on stderr, in one line, which spelling replaces it,
+    then does what that one does (`renamed`, the new option's action). Made by `deprecated_alias`."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, renamed: argparse.Action, **kwargs) -> None:
+        self.renamed = renamed
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        command = parser.prog  # "tracker compare": the alias is deprecated for that command, not everywhere
+        print(f"{command.split()[0]}: {option_string} is deprecated for '{command}': use "
+              f"{self.renamed.option_strings[0]} (the old spelling goes in the next release)", file=sys.stderr)
+        self.renamed(parser, namespace, values, option_string)
+
+
+def deprecated_alias(renamed: argparse.Action) -> dict[str, Any]:
+    """The `add_argument` keywords of an old spelling of the option `renamed` (what its `add_argument` returned):
+    the same values, type and destination, hidden from the help, one line on stderr when used (`DeprecatedAlias`).
+
+    Add it where `renamed` was added (its mutually exclusive group, if any):
+    `group.add_argument("--runs", **deprecated_alias(run_ids))`.
+    """
+    return {"action": DeprecatedAlias, "renamed": renamed, "dest": renamed.dest, "nargs": renamed.nargs,
+            "type": renamed.type, "choices": renamed.choices, "metavar": renamed.metavar,
+            # SUPPRESS: the new spelling's default stands, and the alias never counts as given when it was not.
+            "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
 
 
 def measure_class() -> type[MeasureConfig]:

@@ -24,7 +24,7 @@ def test_mlflows_message_about_a_new_experiment_reaches_the_terminal_escaped(tmp
     subprocess.run([sys.executable, "-c", "import onnx; from tracker.optimize.add_eyelike import make_linear_model; "
                     f"onnx.save(make_linear_model(n_features=4), {str(model)!r})"], check=True)
     name = "exp\x1b[2J\u202eevil"
-    done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(model), "--dim", "N=2", "--runs", "2",
+    done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(model), "--dim", "N=2", "--profile-runs", "2",
                            "--experiment", name], cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"})
     assert done.returncode == 0, done.stderr

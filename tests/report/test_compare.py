@@ -127,13 +127,23 @@ def test_html_report_from_the_store_shows_every_attempt_offline(tracking, capsys
     assert "Time per op type" in page and "tracker.fusions:AddEyeLike" in page
 
 
-def test_runs_compares_the_given_attempt_runs_in_the_given_order(tracking, capsys):
+def test_run_ids_compares_the_given_attempt_runs_in_the_given_order(tracking, capsys):
     ids = [tracking.run_ids["ort_opt_disabled"], tracking.run_ids["baseline"]]
-    code, out, _ = compare(capsys, "--runs", *ids, "--require", "baseline")
+    code, out, _ = compare(capsys, "--run-ids", *ids, "--require", "baseline")
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("Study cmp: 2 attempts")
     assert [line.lstrip("* ").split()[0] for line in lines[2:4]] == ["ort_opt_disabled", "baseline"]
+
+
+def test_the_old_spelling_runs_compares_as_run_ids_does_after_one_line_naming_it(tracking, capsys):
+    ids = [tracking.run_ids["ort_opt_disabled"], tracking.run_ids["baseline"]]
+    code, out, err = compare(capsys, "--run-ids", *ids, "--json")
+    old_code, old_out, old_err = compare(capsys, "--runs", *ids, "--json")
+    assert old_code == code == 0
+    assert json.loads(old_out) == json.loads(out)
+    assert old_err.splitlines() == ["tracker: --runs is deprecated for 'tracker compare': use --run-ids (the old "
+                                    "spelling goes in the next release)", *err.splitlines()]
 
 
 @pytest.mark.parametrize(
@@ -141,7 +151,7 @@ def test_runs_compares_the_given_attempt_runs_in_the_given_order(tracking, capsy
     [
         (["--experiment", "compare", "--study", "nope"], "has no run of study 'nope'"),
         (["--experiment", "nope", "--study", "cmp"], "no experiment named 'nope'"),
-        (["--runs", "0123456789abcdef"], "no run '0123456789abcdef'"),
+        (["--run-ids", "0123456789abcdef"], "no run '0123456789abcdef'"),
         (["--study", "cmp"], "--study and --experiment go together"),
     ],
     ids=["unknown-study", "unknown-experiment", "unknown-run", "study-without-experiment"],
@@ -196,6 +206,6 @@ def test_a_study_run_id_alone_compares_that_study_as_study_run_does(tracking, ca
 
 def test_a_run_id_with_another_choice_of_runs_is_refused(capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["compare", "0123456789abcdef", "--runs", "fedcba9876543210"])
+        main(["compare", "0123456789abcdef", "--run-ids", "fedcba9876543210"])
     assert exit_.value.code == 2
-    assert "argument --runs: not allowed with argument RUN_ID" in capsys.readouterr().err
+    assert "argument --run-ids: not allowed with argument RUN_ID" in capsys.readouterr().err

@@ -63,7 +63,7 @@ def test_compare_json_has_the_node_columns_and_the_best_per_node_type(compare, t
 def test_a_node_baseline_run_given_by_id_is_left_out(compare, two_node_types):
     node_baseline = two_node_types.run_ids[[r.role for r in RUNS].index("node_baseline")]
     ids = [two_node_types.run_ids[i] for i in (0, 1, 3, 4)]  # baseline and int8 on each type
-    code, out = compare(two_node_types, "--runs", node_baseline, *ids, "--json")
+    code, out = compare(two_node_types, "--run-ids", node_baseline, *ids, "--json")
     data = json.loads(out)
     assert code == 0
     assert [(a["attempt"], a["node_type"]) for a in data["attempts"]] == [

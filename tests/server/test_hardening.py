@@ -56,7 +56,7 @@ def test_no_output_of_a_study_a_profile_or_an_upload_holds_the_password_of_the_u
     runs = {
         "study": _run([sys.executable, "-c", STUDY], tmp_path, uri),
         "profile": _run([sys.executable, "-m", "tracker", "profile", str(model_path), "--dim", "N=2",
-                         "--runs", "3", "--min-seconds", "0", "--experiment", "leak"], tmp_path, uri),
+                         "--profile-runs", "3", "--min-seconds", "0", "--experiment", "leak"], tmp_path, uri),
         "upload": _run([sys.executable, "-m", "tracker", "upload", str(tmp_path / "outbox")], tmp_path, uri),
     }
     for name, done in runs.items():
@@ -80,7 +80,7 @@ def test_a_bad_store_uri_fails_before_any_work_naming_the_uri_without_its_passwo
     ]:
         monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
         started = time.monotonic()
-        code = main(["profile", str(model_path), "--dim", "N=2", "--runs", "3", "--min-seconds", "0"])
+        code = main(["profile", str(model_path), "--dim", "N=2", "--profile-runs", "3", "--min-seconds", "0"])
         err = capsys.readouterr().err
         assert code == 2, err
         assert time.monotonic() - started < 20, "the store was retried instead of failing at once"

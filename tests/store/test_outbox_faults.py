@@ -213,7 +213,7 @@ def test_an_outbox_that_names_a_file_is_an_error_before_any_work(store, tmp_path
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox-file"))
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "model.onnx"))
 
-    code = main(["profile", str(tmp_path / "model.onnx"), "--dim", "N=2", "--runs", "2", "--min-seconds", "0"])
+    code = main(["profile", str(tmp_path / "model.onnx"), "--dim", "N=2", "--profile-runs", "2", "--min-seconds", "0"])
 
     err = capsys.readouterr().err
     assert code == 2
@@ -245,7 +245,7 @@ def test_an_outbox_in_the_working_folder_that_cannot_be_used_does_not_say_to_uns
     (tmp_path / "tracker-outbox").write_text("not a folder")
     onnx.save(make_linear_model(n_features=4), str(tmp_path / "model.onnx"))
 
-    code = main(["profile", str(tmp_path / "model.onnx"), "--dim", "N=2", "--runs", "2", "--min-seconds", "0"])
+    code = main(["profile", str(tmp_path / "model.onnx"), "--dim", "N=2", "--profile-runs", "2", "--min-seconds", "0"])
 
     err = capsys.readouterr().err
     assert code == 2 and f"error: the outbox {tmp_path / 'tracker-outbox'} is not a folder" in err

@@ -131,7 +131,7 @@ def test_a_full_tmpdir_is_named_with_the_space_left_in_it(store, tmp_path, full_
     model = tmp_path / "model.onnx"
     onnx.save(make_linear_model(n_features=4), str(model))
 
-    code = main(["profile", str(model), "--dim", "N=2", "--runs", "3", "--min-seconds", "0"])
+    code = main(["profile", str(model), "--dim", "N=2", "--profile-runs", "3", "--min-seconds", "0"])
 
     err = capsys.readouterr().err
     assert code == 2

@@ -3,17 +3,17 @@ the pattern."""
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 from onnx import helper
 from onnx.reference.op_run import OpRun
 
 from tracker.base.vocabulary import Kind
-from tracker.optimize.base import Candidate, Context
+from tracker.optimize.base import Candidate, Context, made_by
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import prepare_output, save_proto
 
@@ -81,61 +81,37 @@ def fuse_add_eyelike(model: onnx.ModelProto, *, as_function: bool = False) -> Fu
         The fused copy and the number of fused pairs. With count 0 the copy is unchanged (no
         opset import or function is added).
     """
-    fused = onnx.ModelProto()
-    fused.CopyFrom(model)
-    graph = fused.graph
-    producers = {out: node for node in graph.node for out in node.output}
-    consumers = _consumer_counts(graph)
-    drop: set[int] = set()
-    replace: dict[int, onnx.NodeProto] = {}
-    for add in graph.node:
-        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+    copy = ir.from_proto(model)  # the input model is never modified
+    graph = copy.graph
+    count = 0
+    for add in list(graph):
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.inputs) != 2:
             continue
-        eye = _eyelike_of_other_operand(add, producers)
-        if eye is None or consumers[eye.output[0]] != 1 or id(eye) in drop:
+        eye = _eyelike_of_other_operand(add)
+        if eye is None or len(eye.outputs[0].uses()) != 1 or eye.outputs[0].is_graph_output():
             continue
-        drop.add(id(eye))
-        replace[id(add)] = helper.make_node(
-            OP_TYPE, [eye.input[0]], [add.output[0]], name=add.name or eye.name, domain=DOMAIN
-        )
-    if not replace:
-        return FusionResult(model=fused, count=0)
-    new_nodes = [replace.get(id(n), n) for n in graph.node if id(n) not in drop]
-    del graph.node[:]
-    graph.node.extend(new_nodes)
+        one = ir.node(OP_TYPE, [eye.inputs[0]], domain=DOMAIN, name=add.name or eye.name)
+        ir.convenience.replace_nodes_and_values(graph, add, [add, eye], [one], list(add.outputs), list(one.outputs))
+        count += 1
+    if not count:
+        unchanged = onnx.ModelProto()
+        unchanged.CopyFrom(model)
+        return FusionResult(model=unchanged, count=0)
+    fused = ir.to_proto(copy)
     if all(op.domain != DOMAIN for op in fused.opset_import):
         fused.opset_import.append(helper.make_opsetid(DOMAIN, OPSET_VERSION))
     if as_function and all((f.domain, f.name) != (DOMAIN, OP_TYPE) for f in fused.functions):
         fused.functions.append(_add_eyelike_function(_default_opset(fused)))
-    return FusionResult(model=fused, count=len(replace))
+    return FusionResult(model=fused, count=count)
 
 
-def _eyelike_of_other_operand(
-    add: onnx.NodeProto, producers: dict[str, onnx.NodeProto]
-) -> onnx.NodeProto | None:
-    for mine, other in ((add.input[0], add.input[1]), (add.input[1], add.input[0])):
-        eye = producers.get(mine)
+def _eyelike_of_other_operand(add: ir.Node) -> ir.Node | None:
+    for mine, other in ((add.inputs[0], add.inputs[1]), (add.inputs[1], add.inputs[0])):
+        eye = made_by(mine, "EyeLike")
         # `k` shifts the diagonal and `dtype` may change the type: neither is what AddEyeLike computes.
-        if (
-            eye is not None
-            and eye.op_type == "EyeLike"
-            and eye.domain in ("", "ai.onnx")
-            and not eye.attribute
-            and eye.input[0] == other
-        ):
+        if eye is not None and eye.domain in ("", "ai.onnx") and not eye.attributes and eye.inputs[0] is other:
             return eye
     return None
-
-
-def _consumer_counts(graph: onnx.GraphProto) -> Counter[str]:
-    """How many times each value is read: by nodes (subgraphs included) or as a graph output."""
-    counts: Counter[str] = Counter(out.name for out in graph.output)
-    for node in graph.node:
-        counts.update(name for name in node.input if name)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                counts.update(_consumer_counts(sub))
-    return counts
 
 
 def _default_opset(model: onnx.ModelProto) -> int:
@@ -210,9 +186,8 @@ def add_eyelike(source: Path, target_dir: Path, context: Context) -> Candidate:
 
 def has_eyelike_add(model: onnx.ModelProto, context: Context) -> str | None:
     """Models with an EyeLike whose output is added to its own input."""
-    producers = {out: node for node in model.graph.node for out in node.output}
-    if any(n.op_type == "Add" and len(n.input) == 2 and _eyelike_of_other_operand(n, producers) is not None
-           for n in model.graph.node):
+    if any(n.op_type == "Add" and len(n.inputs) == 2 and _eyelike_of_other_operand(n) is not None
+           for n in ir.from_proto(model).graph):
         return None
     return "no EyeLike(A) added to A in the graph"
 

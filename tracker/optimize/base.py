@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+import onnx_ir as ir
+from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
+from tracker.optimize.model_info import made_by as made_by  # the rewrites' graph queries are all here
 
 if TYPE_CHECKING:
     from tracker.measure.runtimes.ort_runtime import SessionConfig
@@ -192,72 +194,40 @@ def ort_fused_counts(statistics: Mapping[str, int]) -> dict[str, int]:
     return {str(op): int(count) for op, count in statistics.items()}
 
 
-def drop_dead_nodes(graph: onnx.GraphProto) -> None:
-    """Removes nodes no graph output depends on, and the weights only they read (a rewrite leaves them: the
-    decoder's own causal mask once no attention reads it, the shapes of Reshapes folded away)."""
-    nodes = list(graph.node)
-    needed = {o.name for o in graph.output}
-    live = [False] * len(nodes)
-    for index in range(len(nodes) - 1, -1, -1):  # nodes are in topological order
-        if any(o in needed for o in nodes[index].output):
-            live[index] = True
-            needed.update(_reads(nodes[index]))
-    kept = [onnx.NodeProto.FromString(n.SerializeToString()) for n, keep in zip(nodes, live) if keep]
-    del graph.node[:]
-    graph.node.extend(kept)
-    used = {name for node in kept for name in _reads(node)} | {o.name for o in graph.output}
-    unused = [init for init in graph.initializer if init.name not in used]
-    for init in unused:
-        graph.initializer.remove(init)
+def rewrite_in_ir(model: onnx.ModelProto, *passes: ir.passes.PassBase) -> bool:
+    """Runs `passes` on `model` as onnx-ir sees it, then onnx-ir's removal of what no output needs any more (the
+    nodes a rewrite left, the decoder's own causal mask once no attention reads it, the weights only they read); writes
+    the result back into `model` when a pass changed it. Returns whether one did."""
+    graph = ir.from_proto(model)
+    if not ir.passes.Sequential(*passes)(graph).modified:
+        return False
+    RemoveUnusedNodesPass()(graph)
+    model.CopyFrom(ir.to_proto(graph))
+    return True
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """The values a node reads: its inputs, and those its subgraphs (If, Loop, Scan) take from the outer scope."""
-    names = {name for name in node.input if name}
-    for attribute in node.attribute:
-        for sub in [attribute.g] if attribute.type == onnx.AttributeProto.GRAPH else list(attribute.graphs):
-            names.update(name for inner in sub.node for name in _reads(inner))
-    return names
+def through_layout(value: ir.Value | None, ops: tuple[str, ...] | None = None) -> ir.Value | None:
+    """Walks up from `value` through ops that only move data (`LAYOUT_OPS` by default); the first value another op
+    made."""
+    while value is not None and (node := value.producer()) is not None and node.op_type in (ops or LAYOUT_OPS):
+        value = node.inputs[0]
+    return value
+
+
+def constant_of(value: ir.Value | None) -> np.ndarray | None:
+    """`value`'s array when it is a weight or a Constant's output; None otherwise."""
+    tensor = ir.convenience.get_const_tensor(value) if value is not None else None
+    return tensor.numpy() if tensor is not None else None
+
+
+def recorded_positions(model: onnx.ModelProto | ir.Model) -> int | None:
+    """The positions a decode export recorded in its metadata (`max_positions`, written by `tracker.gpt2.decode`), or
+    None when it recorded none."""
+    props = model.metadata_props if isinstance(model, ir.Model) else {p.key: p.value for p in model.metadata_props}
+    value = props.get("max_positions")
+    return None if value is None else int(value)
 
 
 # Ops that only move data (between a projection and the attention: [B, S, H*D] -> [B, H, S, D] and back): what a
 # rewrite looks through to find the value another op made.
-def recorded_positions(model: onnx.ModelProto) -> int | None:
-    """The positions a decode export recorded in its metadata (`max_positions`, written by `tracker.gpt2.decode`), or
-    None when it recorded none."""
-    value = next((p.value for p in model.metadata_props if p.key == "max_positions"), None)
-    return None if value is None else int(value)
-
-
 LAYOUT_OPS = ("Reshape", "Transpose")
-
-
-class GraphLookups:
-    """Lookups on a graph: each value's producer, its readers, the initializers."""
-
-    def __init__(self, graph: onnx.GraphProto) -> None:
-        self.graph = graph
-        self.producer = {out: node for node in graph.node for out in node.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in graph.node:
-            for name in node.input:
-                self.readers.setdefault(name, []).append(node)
-        self.initializers = {init.name: init for init in graph.initializer}
-        self.outputs = {o.name for o in graph.output}
-
-    def node(self, value: str, op_type: str) -> onnx.NodeProto | None:
-        node = self.producer.get(value)
-        return node if node is not None and node.op_type == op_type else None
-
-    def through_layout(self, value: str, ops: tuple[str, ...] = LAYOUT_OPS) -> str:
-        """Walks up from `value` through ops that only move data; the first value another op made."""
-        while (node := self.producer.get(value)) is not None and node.op_type in ops:
-            value = node.input[0]
-        return value
-
-    def constant(self, value: str) -> np.ndarray | None:
-        init = self.initializers.get(value)
-        if init is not None:
-            return numpy_helper.to_array(init)
-        node = self.node(value, "Constant")
-        return numpy_helper.to_array(node.attribute[0].t) if node is not None and node.attribute[0].t else None

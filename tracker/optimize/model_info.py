@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 from onnx import numpy_helper
 
 from tracker.base.files import read_small_file
@@ -52,7 +53,7 @@ HIDDEN_KEYS = ("hidden_size", "n_embd", "dim", "d_model")
 
 # The Transpose that turns [batch, seq, heads, head_dim] into [batch, heads, seq, head_dim] (query, value) or
 # [batch, heads, head_dim, seq] (key).
-_SPLIT_HEADS_PERMS = ((0, 2, 1, 3), (0, 2, 3, 1))
+_SPLIT_HEADS_PERMS: tuple[tuple[int, ...], ...] = ((0, 2, 1, 3), (0, 2, 3, 1))
 _FUSED_ATTENTION_OPS = ("Attention", "MultiHeadAttention", "GroupQueryAttention")
 # The layer norms whose scale (input 1, else 2 for SkipLayerNormalization's gamma) gives the hidden size.
 _LAYER_NORM_SCALE = {"LayerNormalization": 1, "SkipLayerNormalization": 2, "SkipSimplifiedLayerNormalization": 2,
@@ -244,22 +245,15 @@ def _most_common(values: list[int]) -> int | None:
 
 
 class _Graph:
-    """The main graph's producers, readers and constants, for the detectors above."""
+    """The main graph as onnx-ir sees it (each value's producer and readers), and its initializers as stored (their
+    dims survive when the values were dropped: `load_graph`), for the detectors above."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        graph = model.graph
-        self.nodes = list(graph.node)
-        self.producer = {out: node for node in self.nodes for out in node.output}
-        self.readers: dict[str, list[onnx.NodeProto]] = {}
-        for node in self.nodes:
-            for name in node.input:
-                self.readers.setdefault(name, []).append(node)
-        self.initializers = {t.name: t for t in graph.initializer}
-        initializer_names = set(self.initializers)
-        self.input_names = [i.name for i in graph.input if i.name not in initializer_names]
-        self.output_names = [o.name for o in graph.output]
-        self.declared = {v.name: v.type.tensor_type.shape for v in (*graph.value_info, *graph.output)
-                         if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
+        graph = ir.from_proto(model).graph
+        self.nodes = list(graph)
+        self.initializers = {t.name: t for t in model.graph.initializer}
+        self.input_names = [v.name or "" for v in graph.inputs if v.name not in self.initializers]
+        self.output_names = [v.name or "" for v in graph.outputs]
 
     def layer_norm_widths(self) -> list[int]:
         """Widths of every norm's scale: LayerNormalization and its fused forms, and RMSNorms (`rms_norm_widths`)."""
@@ -268,9 +262,8 @@ class _Graph:
     def rms_norm_widths(self) -> list[int]:
         """Widths of RMSNorms: the fused ops', and the written-out ones (a dynamo export of LLaMA),
         x * 1/sqrt(mean(x^2) + eps) * weight, found from a ReduceMean of a Pow to the Mul by a 1-D weight."""
-        written_out = [self._scale_after(node.output[0], hops=6) for node in self.nodes
-                       if node.op_type == "ReduceMean" and node.input[0] in self.producer
-                       and self.producer[node.input[0]].op_type == "Pow"]
+        written_out = [self._scale_after(node.outputs[0], hops=6) for node in self.nodes
+                       if node.op_type == "ReduceMean" and made_by(node.inputs[0], "Pow")]
         return self.fused_norm_widths(rms=True) + [w for w in written_out if w]
 
     def fused_norm_widths(self, *, rms: bool) -> list[int]:
@@ -278,44 +271,43 @@ class _Graph:
         widths = []
         for node in self.nodes:
             index = _LAYER_NORM_SCALE.get(node.op_type)
-            if index is None or len(node.input) <= index or (node.op_type in _RMS_NORMS) != rms:
+            if index is None or len(node.inputs) <= index or (node.op_type in _RMS_NORMS) != rms:
                 continue
-            dims = self._dims(node.input[index])
+            dims = self._dims(node.inputs[index])
             if dims is not None and len(dims) == 1 and dims[0] > 0:
                 widths.append(dims[0])
         return widths
 
-    def _scale_after(self, name: str, hops: int) -> int | None:
-        """The width of the first 1-D initializer a Mul reading (eventually) `name` multiplies by."""
-        frontier = [name]
+    def _scale_after(self, value: ir.Value, hops: int) -> int | None:
+        """The width of the first 1-D initializer a Mul reading (eventually) `value` multiplies by."""
+        frontier = [value]
         for _ in range(hops):
-            nxt: list[str] = []
-            for value in frontier:
-                for reader in self.readers.get(value, ()):
-                    if reader.op_type == "Mul":
-                        for other in reader.input:
-                            dims = list(self.initializers[other].dims) if other in self.initializers else None
-                            if dims is not None and len(dims) == 1 and dims[0] > 1:
-                                return dims[0]
-                    nxt.extend(reader.output)
+            nxt: list[ir.Value] = []
+            for reader in (r for v in frontier for r in v.consumers()):
+                for other in reader.inputs if reader.op_type == "Mul" else ():
+                    init = self.initializers.get(other.name or "") if other is not None else None
+                    if init is not None and len(init.dims) == 1 and init.dims[0] > 1:
+                        return init.dims[0]
+                nxt.extend(reader.outputs)
             frontier = nxt
         return None
 
     def fused_attention_heads(self) -> list[int]:
-        return [attr.i for node in self.nodes if node.op_type in _FUSED_ATTENTION_OPS
-                for attr in node.attribute if attr.name == "num_heads" and attr.i > 0]
+        return [heads for node in self.nodes if node.op_type in _FUSED_ATTENTION_OPS
+                and (heads := node.attributes.get_int("num_heads", 0)) > 0]
 
     def split_heads_dims(self) -> list[tuple[int | None, int | None]]:
         """(heads, head_dim) of every Reshape read by a split-heads Transpose; None where a dim is unknown."""
         found: list[tuple[int | None, int | None]] = []
         for node in self.nodes:
             if node.op_type == "Reshape" and any(
-                reader.op_type == "Transpose" and tuple(_ints(reader, "perm")) in _SPLIT_HEADS_PERMS
-                for reader in self.readers.get(node.output[0], ())
+                reader.op_type == "Transpose" and tuple(reader.attributes.get_ints("perm") or ()) in _SPLIT_HEADS_PERMS
+                for reader in node.outputs[0].consumers()
             ):
                 # The Transpose's perm says the Reshape's output is 4-D: only its last two dims matter.
-                declared = [None, None, *(self._declared_dims(node.output[0]) or ())][-2:]
-                constant = [None, None, *self._trailing_shape_values(node.input[1])][-2:]
+                shape = node.outputs[0].shape
+                declared = [None, None, *(d if isinstance(d, int) else None for d in shape or ())][-2:]
+                constant = [None, None, *self._trailing_shape_values(node.inputs[1])][-2:]
                 heads, head_dim = (_positive(d) or _positive(c) for d, c in zip(declared, constant))
                 found.append((heads, head_dim))
         return found
@@ -328,58 +320,46 @@ class _Graph:
             if tensor.data_type in (onnx.TensorProto.BOOL, onnx.TensorProto.UINT8) and len(dims) == 4 \
                     and dims[:2] == [1, 1] and dims[2] == dims[3] > 1:
                 return True
-        return any(node.op_type in _COMPARISONS and len(node.input) == 2
-                   and all(self._from_range(name, _RANGE_HOPS) for name in node.input) for node in self.nodes)
+        return any(node.op_type in _COMPARISONS and len(node.inputs) == 2
+                   and all(_from_range(value, _RANGE_HOPS) for value in node.inputs) for node in self.nodes)
 
-    def _from_range(self, name: str, hops: int) -> bool:
-        node = self.producer.get(name)
-        if node is None or hops == 0:
-            return False
-        return node.op_type == "Range" or any(self._from_range(i, hops - 1) for i in node.input if i)
-
-    def _dims(self, name: str) -> list[int] | None:
+    def _dims(self, value: ir.Value | None) -> list[int] | None:
         """The static shape of an initializer or Constant (its dims survive when the values were dropped)."""
-        if name in self.initializers:
-            return list(self.initializers[name].dims)
-        node = self.producer.get(name)
-        if node is not None and node.op_type == "Constant":
-            value = next((a for a in node.attribute if a.name == "value"), None)
-            return list(value.t.dims) if value is not None else None
-        return None
+        init = self.initializers.get(value.name or "") if value is not None else None
+        if init is not None:
+            return list(init.dims)
+        constant = made_by(value, "Constant")
+        tensor = constant.attributes.get_tensor("value") if constant is not None else None
+        return list(tensor.shape.numpy()) if tensor is not None else None
 
-    def _declared_dims(self, name: str) -> list[int | None] | None:
-        shape = self.declared.get(name)
-        if shape is None or not shape.dim:
-            return None
-        return [d.dim_value if d.HasField("dim_value") else None for d in shape.dim]
-
-    def _trailing_shape_values(self, name: str) -> list[int]:
+    def _trailing_shape_values(self, value: ir.Value | None) -> list[int]:
         """The known last values of a shape input: a constant, or the constant parts ending a Concat
         (`[batch, seq, -1, head_dim]` is Concat(Shape..., Shape..., [-1], [head_dim]))."""
-        values = self._constant_ints(name)
+        values = self._constant_ints(value)
         if values is not None:
             return values
-        node = self.producer.get(name)
-        if node is None or node.op_type != "Concat":
-            return []
+        concat = made_by(value, "Concat")
         trailing: list[int] = []
-        for part in reversed(node.input):
+        for part in reversed(concat.inputs if concat is not None else ()):
             known = self._constant_ints(part)
             if known is None:  # a computed part (batch, seq), of unknown length: nothing before it is placed
                 break
             trailing[:0] = known
         return trailing
 
-    def _constant_ints(self, name: str) -> list[int] | None:
+    def _constant_ints(self, value: ir.Value | None) -> list[int] | None:
         """The values of an int64 initializer or Constant; None when they are not in the graph (computed,
         external, or dropped when the graph was read without its weights)."""
-        tensor = self.initializers.get(name)
-        node = self.producer.get(name)
-        if tensor is None and node is not None and node.op_type == "Constant":
-            attribute = next((a for a in node.attribute if a.name in ("value", "value_ints", "value_int")), None)
-            if attribute is not None and attribute.name != "value":
-                return list(attribute.ints) if attribute.name == "value_ints" else [attribute.i]
-            tensor = attribute.t if attribute is not None else None
+        tensor = self.initializers.get(value.name or "") if value is not None else None
+        constant = made_by(value, "Constant")
+        if tensor is None and constant is not None:
+            attrs = constant.attributes
+            if "value_ints" in attrs or "value_int" in attrs:
+                return list(attrs.get_ints("value_ints") or [attrs.get_int("value_int", 0)])
+            found = attrs.get_tensor("value")
+            if found is None or found.dtype != ir.DataType.INT64:
+                return None
+            return [int(v) for v in found.numpy().reshape(-1)]
         if tensor is None or tensor.data_type != onnx.TensorProto.INT64:
             return None
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
@@ -392,9 +372,18 @@ class _Graph:
         return [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
 
 
+def made_by(value: ir.Value | None, op_type: str) -> ir.Node | None:
+    """The node of `op_type` that makes `value`; None when another op (or none: an input, a weight) does."""
+    node = value.producer() if value is not None else None
+    return node if node is not None and node.op_type == op_type else None
+
+
+def _from_range(value: ir.Value | None, hops: int) -> bool:
+    node = value.producer() if value is not None else None
+    if node is None or hops == 0:
+        return False
+    return node.op_type == "Range" or any(_from_range(v, hops - 1) for v in node.inputs if v is not None)
+
+
 def _positive(dim: int | None) -> int | None:
     return dim if dim is not None and dim > 0 else None
-
-
-def _ints(node: onnx.NodeProto, name: str) -> list[int]:
-    return next((list(a.ints) for a in node.attribute if a.name == name), [])

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+import onnx_ir as ir
 
 from tracker.base.vocabulary import Kind
 from tracker.measure.generation.decoder import SEQLENS_K, TOTAL_SEQUENCE_LENGTH
 from tracker.optimize.attention.rotary_gqa import rewrite_rotary_layers
-from tracker.optimize.base import Candidate, Context, GraphLookups, drop_dead_nodes
+from tracker.optimize.base import Candidate, Context, constant_of, made_by, rewrite_in_ir
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import copy_model, prepare_output, save_proto
 
@@ -64,93 +65,96 @@ def shared_kv(source: Path, target_dir: Path, context: Context) -> Candidate:
 
 
 def rewrite_attention(model: onnx.ModelProto) -> int:
-    """The rewrite, in place; returns how many attentions were rewritten (0: the model is left as it was).
+    """The rewrite, in place (`SharedKV`, then what no output needs any more goes); returns how many attentions were
+    rewritten (0: the model is left as it was)."""
+    rewrite = SharedKV()
+    rewrite_in_ir(model, rewrite)
+    return rewrite.rewritten
+
+
+class SharedKV(ir.passes.InPlacePass):
+    """Every layer's attention with a past as a GroupQueryAttention; `rewritten` counts them (0: nothing changed).
 
     Two forms are rewritten: GPT-2's, where `attention_fused` made a `MultiHeadAttention` that takes the past itself,
     and the LLaMA family's, where the past is concatenated and the rotary positions applied outside a
     `MultiHeadAttention` without a past (`rotary_gqa`: one GroupQueryAttention with rotary, over packed q/k/v)."""
-    graph = model.graph
-    pasts = [i.name for i in graph.input if i.name.startswith(_PAST)]
-    shapes = [n for n in graph.node if n.op_type == "Shape" and n.input[0] in pasts]
-    spans = {n.name: _span(n) for n in shapes}
-    if any(span not in ("0:1", "2:3") for span in spans.values()):
-        return 0  # a Shape of a past that reads more than the batch or the length: left as it is
-    attentions = [n for n in graph.node if n.op_type == "MultiHeadAttention" and n.domain == _MS
-                  and len(n.input) >= 8 and n.input[6] in pasts and n.input[7] in pasts]
-    if attentions and len(attentions) * 2 == len(pasts):
-        if any(n.input[3] or n.input[4] for n in attentions):  # a bias or a padding mask GQA would not apply the same
-            return 0
-        rewritten = _rewrite_with_past(model, attentions, pasts)
-    else:
-        rewritten = rewrite_rotary_layers(model, seqlens_k=SEQLENS_K, total_sequence_length=TOTAL_SEQUENCE_LENGTH)
-    if not rewritten:
-        return 0
-    new_nodes: list[onnx.NodeProto] = []
-    # The past's length and the batch, from the new inputs and input_ids, for every Shape of a past.
-    new_nodes += [
-        helper.make_node("Cast", [TOTAL_SEQUENCE_LENGTH], ["skv_total64"], to=TensorProto.INT64, name="skv_cast"),
-        helper.make_node("Reshape", ["skv_total64", "skv_one"], ["skv_total_1"], name="skv_reshape"),
-        helper.make_node("Shape", ["input_ids"], ["skv_seq"], start=1, end=2, name="skv_seq"),
-        helper.make_node("Sub", ["skv_total_1", "skv_seq"], ["skv_past_len"], name="skv_past_len"),
-        helper.make_node("Shape", ["input_ids"], ["skv_batch"], start=0, end=1, name="skv_batch"),
-    ]
-    graph.initializer.append(helper.make_tensor("skv_one", TensorProto.INT64, [1], [1]))
-    lengths = {"0:1": "skv_batch", "2:3": "skv_past_len"}
-    for node in shapes:
-        new_nodes.append(helper.make_node("Identity", [lengths[spans[node.name]]], list(node.output),
-                                          name=node.name + "_skv"))
-        graph.node.remove(node)
-    for node in reversed(new_nodes):
-        graph.node.insert(0, node)
-    graph.input.extend([
-        helper.make_tensor_value_info(SEQLENS_K, TensorProto.INT32, ["batch"]),
-        helper.make_tensor_value_info(TOTAL_SEQUENCE_LENGTH, TensorProto.INT32, []),
-    ])
-    drop_dead_nodes(graph)
-    return rewritten
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewritten = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.rewritten = 0
+        graph = model.graph
+        pasts = [v for v in graph.inputs if v.name and v.name.startswith(_PAST)]
+        shapes = [n for n in graph if n.op_type == "Shape" and any(n.inputs[0] is p for p in pasts)]
+        if any(_span(n) not in ("0:1", "2:3") for n in shapes):
+            return ir.passes.PassResult(model, modified=False)  # a Shape of a past reading more than batch or length
+        seqlens = ir.val(SEQLENS_K, ir.DataType.INT32, ["batch"])
+        total = ir.val(TOTAL_SEQUENCE_LENGTH, ir.DataType.INT32, [])
+        attentions = [n for n in graph if n.op_type == "MultiHeadAttention" and n.domain == _MS
+                      and len(n.inputs) >= 8 and any(n.inputs[6] is p for p in pasts)
+                      and any(n.inputs[7] is p for p in pasts)]
+        if attentions and len(attentions) * 2 == len(pasts):
+            if any(n.inputs[3] is not None or n.inputs[4] is not None for n in attentions):
+                return ir.passes.PassResult(model, modified=False)  # a bias or a padding mask GQA would not apply
+            self.rewritten = _rewrite_with_past(graph, attentions, pasts, seqlens, total)
+        else:
+            self.rewritten = rewrite_rotary_layers(model, seqlens_k=seqlens, total_sequence_length=total)
+        if not self.rewritten:
+            return ir.passes.PassResult(model, modified=False)
+        graph.inputs.extend([seqlens, total])
+        input_ids = next(v for v in graph.inputs if v.name == "input_ids")
+        one = ir.val("skv_one", const_value=ir.tensor(np.array([1], np.int64), name="skv_one"))
+        graph.register_initializer(one)
+        # The past's length and the batch, from the new inputs and input_ids, for every Shape of a past.
+        total64 = ir.node("Cast", [total], {"to": int(ir.DataType.INT64)}, name="skv_cast")
+        total_1 = ir.node("Reshape", [total64.outputs[0], one], name="skv_reshape")
+        seq = ir.node("Shape", [input_ids], {"start": 1, "end": 2}, name="skv_seq")
+        past_len = ir.node("Sub", [total_1.outputs[0], seq.outputs[0]], name="skv_past_len")
+        batch = ir.node("Shape", [input_ids], {"start": 0, "end": 1}, name="skv_batch")
+        graph.insert_before(graph.node(0), [total64, total_1, seq, past_len, batch])
+        lengths = {"0:1": batch.outputs[0], "2:3": past_len.outputs[0]}
+        for node in shapes:  # each is read by nothing now, and goes with the dead nodes
+            node.outputs[0].replace_all_uses_with(lengths[_span(node)])
+        return ir.passes.PassResult(model, modified=True)
 
 
-def _rewrite_with_past(model: onnx.ModelProto, attentions: list[onnx.NodeProto], pasts: list[str]) -> int:
+def _rewrite_with_past(graph: ir.Graph, attentions: list[ir.Node], pasts: list[ir.Value], seqlens: ir.Value,
+                       total: ir.Value) -> int:
     """Each `MultiHeadAttention` that takes its past as a `GroupQueryAttention` on the same inputs (GPT-2's form)."""
-    graph = model.graph
-    past_shape = {i.name: i.type.tensor_type.shape.dim for i in graph.input if i.name in pasts}
-    kv_heads, head_size = past_shape[pasts[0]][1].dim_value, past_shape[pasts[0]][3].dim_value
-    lookups = GraphLookups(graph)
+    dims = pasts[0].shape
+    if dims is None or not isinstance(dims[1], int) or not isinstance(dims[3], int):
+        return 0
+    kv_heads, head_size = dims[1], dims[3]
     for node in attentions:
-        heads = next(helper.get_attribute_value(a) for a in node.attribute if a.name == "num_heads")
-        scale = [helper.get_attribute_value(a) for a in node.attribute if a.name == "scale"]
-        packed = _packed_qkv(lookups, node, [heads * head_size] + [kv_heads * head_size] * 2)
-        qkv = [packed, "", ""] if packed else list(node.input[:3])
-        gqa = helper.make_node(
-            "GroupQueryAttention",
-            [*qkv, node.input[6], node.input[7], SEQLENS_K, TOTAL_SEQUENCE_LENGTH],
-            list(node.output), domain=_MS, name=node.name + "_gqa", num_heads=heads, kv_num_heads=kv_heads,
-            **({"scale": scale[0]} if scale else {}),
-        )
-        index = list(graph.node).index(node)
-        graph.node.remove(node)
-        graph.node.insert(index, gqa)
+        heads = node.attributes.get_int("num_heads")
+        scale = node.attributes.get_float("scale")
+        packed = _packed_qkv(node, [heads * head_size] + [kv_heads * head_size] * 2)
+        qkv = [packed, None, None] if packed is not None else list(node.inputs[:3])
+        gqa = ir.node("GroupQueryAttention", [*qkv, node.inputs[6], node.inputs[7], seqlens, total],
+                      {"num_heads": heads, "kv_num_heads": kv_heads, **({"scale": scale} if scale is not None else {})},
+                      domain=_MS, name=f"{node.name}_gqa", num_outputs=len(node.outputs))
+        ir.convenience.replace_nodes_and_values(graph, node, [node], [gqa], list(node.outputs), list(gqa.outputs))
     return len(attentions)
 
 
-def _packed_qkv(lookups: GraphLookups, node: onnx.NodeProto, sizes: list[int]) -> str | None:
+def _packed_qkv(node: ir.Node, sizes: list[int]) -> ir.Value | None:
     """The one tensor whose last axis a `Split` cut into the attention's query, key and value, in that order and of
     `sizes` (GPT-2's c_attn product): GroupQueryAttention reads it packed, and the Split goes. None otherwise."""
-    split = lookups.node(node.input[0], "Split")
-    if split is None or list(split.output) != list(node.input[:3]):
+    split = made_by(node.inputs[0], "Split")
+    if split is None or len(split.outputs) != 3 or any(o is not i for o, i in zip(split.outputs, node.inputs[:3])):
         return None
-    attrs = {a.name: helper.get_attribute_value(a) for a in split.attribute}
-    if attrs.get("axis", 0) not in (2, -1):  # the query is [batch, seq, hidden]: rank 3
+    if split.attributes.get_int("axis", 0) not in (2, -1):  # the query is [batch, seq, hidden]: rank 3
         return None
-    given = lookups.constant(split.input[1]) if len(split.input) > 1 and split.input[1] else None
+    given = constant_of(split.inputs[1]) if len(split.inputs) > 1 else None
     if given is not None:
-        return split.input[0] if [int(x) for x in given] == sizes else None
-    return split.input[0] if attrs.get("num_outputs") == 3 and len(set(sizes)) == 1 else None
+        return split.inputs[0] if [int(x) for x in given] == sizes else None
+    return split.inputs[0] if split.attributes.get_int("num_outputs") == 3 and len(set(sizes)) == 1 else None
 
 
-def _span(node: onnx.NodeProto) -> str:
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    return f"{attrs.get('start', 0)}:{attrs.get('end', 4)}"
+def _span(node: ir.Node) -> str:
+    return f"{node.attributes.get_int('start', 0)}:{node.attributes.get_int('end', 4)}"
 
 
 def has_attention(model: onnx.ModelProto, context: Context) -> str | None:

@@ -11,66 +11,68 @@ batch of several rows the kernel may tile them otherwise, which moves the last f
 from __future__ import annotations
 
 import onnx
+import onnx_ir as ir
 
-from tracker.optimize.base import GraphLookups, drop_dead_nodes
-
-
-def _dims(graph_shapes: dict[str, onnx.TensorShapeProto], name: str) -> list[str | int] | None:
-    """The known dimensions of a value (a dim_param name or a positive size each), or None if any is unknown."""
-    shape = graph_shapes.get(name)
-    if shape is None:
-        return None
-    dims: list[str | int] = []
-    for dim in shape.dim:
-        if dim.dim_param:
-            dims.append(dim.dim_param)
-        elif dim.dim_value > 0:
-            dims.append(dim.dim_value)
-        else:
-            return None
-    return dims
+from tracker.optimize.base import made_by, rewrite_in_ir
 
 
 def fold_flattening_reshapes(model: onnx.ModelProto) -> int:
+    """Folds, in place, each flatten and unflatten around a `MatMulNBits` (`FoldFlatteningReshapes`), and drops what
+    only the Reshapes used. Returns how many products were folded."""
+    fold = FoldFlatteningReshapes()
+    rewrite_in_ir(model, fold)
+    return fold.folded
+
+
+class FoldFlatteningReshapes(ir.passes.InPlacePass):
     """Makes each `MatMulNBits` between a flattening Reshape and the Reshape that undoes it read the unflattened
-    input, its output (or the Add of its bias) feeding what the second Reshape fed; drops the Reshapes and what
-    only they used. Returns how many products were folded.
+    input, its output (or the Add of its bias) feeding what the second Reshape fed. `folded` counts the products.
 
     A pair is folded only where the graph's shapes prove it a flatten and its inverse: the input is [d..., K] and
     the second Reshape's output [d..., N], with the same leading dimensions (the same names or sizes), and the
     flattened value feeds nothing else. Anything less certain is left as it is.
     """
-    graph = model.graph
-    shapes = {v.name: v.type.tensor_type.shape for v in [*graph.value_info, *graph.input, *graph.output]
-              if v.type.HasField("tensor_type") and v.type.tensor_type.HasField("shape")}
-    lookups = GraphLookups(graph)
-    reshaped: set[str] = set()  # the outputs that were 2-D and are now [d..., N]
-    folded = 0
-    for node in graph.node:
-        if node.op_type != "MatMulNBits":
-            continue
-        flatten = lookups.node(node.input[0], "Reshape")
-        if flatten is None or len(lookups.readers[node.input[0]]) != 1:
-            continue
-        last = lookups.readers.get(node.output[0], [])
-        tail = last[0] if len(last) == 1 and last[0].op_type == "Add" else node
-        after = lookups.readers.get(tail.output[0], [])
-        if len(after) != 1 or after[0].op_type != "Reshape" or after[0].output[0] in lookups.outputs:
-            continue
-        unflatten = after[0]
-        attrs = {a.name: a.i for a in node.attribute}
-        before, restored = _dims(shapes, flatten.input[0]), _dims(shapes, unflatten.output[0])
-        if (before is None or restored is None or len(before) < 2 or len(before) != len(restored)
-                or before[:-1] != restored[:-1] or before[-1] != attrs.get("K") or restored[-1] != attrs.get("N")):
-            continue
-        node.input[0] = flatten.input[0]
-        for reader in lookups.readers.get(unflatten.output[0], []):  # the two Reshapes are read by nothing now
-            reader.input[:] = [tail.output[0] if name == unflatten.output[0] else name for name in reader.input]
-        reshaped.update({node.output[0], tail.output[0]})
-        folded += 1
-    if folded:
-        drop_dead_nodes(graph)
-        kept = [v for v in graph.value_info if v.name not in reshaped]  # ORT infers their new shapes
-        del graph.value_info[:]
-        graph.value_info.extend(kept)
-    return folded
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.folded = 0
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        self.folded = 0
+        for node in model.graph:
+            flat = node.inputs[0] if node.op_type == "MatMulNBits" else None
+            flatten = made_by(flat, "Reshape")
+            if flat is None or flatten is None or len(flat.uses()) != 1:
+                continue
+            readers = node.outputs[0].consumers()
+            tail = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else node
+            after = tail.outputs[0].consumers()
+            if len(after) != 1 or after[0].op_type != "Reshape" or after[0].outputs[0].is_graph_output():
+                continue
+            unflatten = after[0]
+            before, restored = _dims(flatten.inputs[0]), _dims(unflatten.outputs[0])
+            k, n = node.attributes.get_int("K"), node.attributes.get_int("N")
+            if (before is None or restored is None or len(before) < 2 or len(before) != len(restored)
+                    or before[:-1] != restored[:-1] or before[-1] != k or restored[-1] != n):
+                continue
+            node.replace_input_with(0, flatten.inputs[0])
+            unflatten.outputs[0].replace_all_uses_with(tail.outputs[0])  # the two Reshapes are read by nothing now
+            for value in (node.outputs[0], tail.outputs[0]):  # [d..., N] now, no longer 2-D: ORT infers it
+                value.shape, value.type = None, None
+            self.folded += 1
+        return ir.passes.PassResult(model, modified=bool(self.folded))
+
+
+def _dims(value: ir.Value | None) -> list[str | int] | None:
+    """The known dimensions of a value (a dim_param name or a positive size each), or None if any is unknown."""
+    if value is None or value.shape is None:
+        return None
+    dims: list[str | int] = []
+    for dim in value.shape:
+        if isinstance(dim, int) and dim > 0:
+            dims.append(dim)
+        elif isinstance(dim, ir.SymbolicDim) and dim.value:
+            dims.append(dim.value)
+        else:
+            return None
+    return dims

@@ -85,12 +85,8 @@ def replace_matmuls(model: onnx.ModelProto, blocks: Blocks, *, block_size: int, 
     is dropped. Returns the new node's name by the old one's."""
     graph = model.graph
     initializers = {t.name: t for t in graph.initializer}
-    readers: dict[str, int] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
     replaced: dict[str, str] = {}
-    dropped = set()
+    quantized = set()
     for index, node in enumerate(graph.node):
         weight = initializers.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
         if (weight is None or node.name in exclude or len(weight.dims) != 2
@@ -106,9 +102,8 @@ def replace_matmuls(model: onnx.ModelProto, blocks: Blocks, *, block_size: int, 
         graph.node[index].CopyFrom(helper.make_node(
             "MatMulNBits", [node.input[0], *names], list(node.output), name=replaced[node.name],
             domain="com.microsoft", K=k, N=n, bits=4, block_size=block_size, accuracy_level=accuracy_level))
-        readers[weight.name] -= 1
-        if readers[weight.name] == 0:
-            dropped.add(weight.name)
+        quantized.add(weight.name)
+    dropped = quantized - {name for node in graph.node for name in node.input}  # tied weights stay
     if dropped:
         kept = [t for t in graph.initializer if t.name not in dropped]
         del graph.initializer[:]
