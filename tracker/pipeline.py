@@ -35,7 +35,7 @@ from tracker.optimize import Candidate, Chain, Entry
 from tracker.run import content as run_content
 from tracker.run.artifacts import write_attempt_artifacts
 from tracker.run.record import AttemptRecord, check_outbox, keep, save_record
-from tracker.store import connect, faults, write
+from tracker.store import connect, faults, runs, write
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,8 @@ class AttemptSetup:
         tags: the run's tags on top of its own.
         machine: the roofs of the attempt's roofline (`Study.machine`); None outside a study.
         quality: a language model's check on real text (the first attempt it scores is the reference); None: none.
+        parent_run_id: the run its run is nested under (the study's); None: a top-level run.
+        experiment_id: the experiment its run goes in; None: MLflow's environment's, else its default.
     """
 
     config: MeasureConfig = field(default_factory=MeasureConfig)
@@ -65,6 +67,8 @@ class AttemptSetup:
     tags: Mapping[str, str] = field(default_factory=dict)
     machine: MachinePeaks | None = None
     quality: TextCheck | None = None
+    parent_run_id: str | None = None
+    experiment_id: str | None = None
 
 
 def log_attempt(
@@ -86,7 +90,9 @@ def log_attempt(
         model: the model, in memory or as a path.
         feeds: its inputs.
         name: the attempt's name.
-        experiment: MLflow experiment of a top-level run (ignored inside an active run).
+        experiment: MLflow experiment of a top-level run (ignored inside an active run); default: MLflow's
+            environment's ($MLFLOW_EXPERIMENT_NAME or _ID), else its Default experiment. `mlflow.set_experiment`'s
+            process-global choice is not read: name the experiment.
         baseline_outputs: outputs of a baseline on the same feeds, for the prediction-diff check.
         config: how to measure (default `MeasureConfig()`).
         evaluate: task metrics from the outputs.
@@ -97,13 +103,13 @@ def log_attempt(
     if experiment:
         check_experiment_name(experiment)
     check_outbox()
-    if not write.has_active_run():
+    if not runs.inside_run():
         connect.setup_tracking(tracking_uri)
-        if experiment:
-            write.set_experiment(experiment)
+    parent_run_id, experiment_id = runs.place(experiment)
     attempt = Attempt(name=name, model=model if isinstance(model, onnx.ModelProto) else Path(model), **kwargs)
     with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
-        setup = AttemptSetup(config=config or MeasureConfig(), evaluate=evaluate, log_model=log_model)
+        setup = AttemptSetup(config=config or MeasureConfig(), evaluate=evaluate, log_model=log_model,
+                             parent_run_id=parent_run_id, experiment_id=experiment_id)
         return run_attempt(attempt, dict(feeds), setup, baselines={}, workdir=Path(tmp),
                            baseline_outputs=baseline_outputs)
 
@@ -127,7 +133,7 @@ def run_attempt(
     measured = measure_record(attempt, feeds, setup, baselines=baselines, workdir=workdir,
                               baseline_outputs=baseline_outputs, generation=generation)
     result, record = measured.result, measured.record
-    record.parent_run_id, record.experiment_id = write.current_ids()
+    record.parent_run_id, record.experiment_id = setup.parent_run_id, setup.experiment_id
     logged = log_or_keep(record, steps=result.steps)
     result.run_id, result.outbox, result.refused = logged.run_id, logged.outbox, logged.refused
     if measured.interrupted is not None:  # logged like any attempt; the study then unwinds
@@ -265,11 +271,11 @@ def machine_params(machine: MachinePeaks | None) -> dict[str, str]:
     return {**isa_params(), **(machine.params() if machine else {})}
 
 
-def log_failure(study: str | None, name: str, error: BaseException, *, runtime: str,
-                tags: Mapping[str, str]) -> str:
+def log_failure(study: str | None, name: str, error: BaseException, *, runtime: str, tags: Mapping[str, str],
+                parent_run_id: str | None, experiment_id: str | None) -> str:
     """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised) as a measured one
-    is logged: to the store, else to the outbox. Returns the error's one-line text."""
-    parent_run_id, experiment_id = write.current_ids()
+    is logged (under `parent_run_id`, in `experiment_id`): to the store, else to the outbox. Returns the error's
+    one-line text."""
     record = AttemptRecord(name, study, runtime, tags=dict(tags), parent_run_id=parent_run_id,
                            experiment_id=experiment_id)
     error_text = mark_failed(record, error)
@@ -296,9 +302,11 @@ def log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> Log
     record.start_time_ms = int(time.time() * 1000)
     try:
         connect.ensure_reachable()
-        with write.attempt_run(record.study, record.attempt, record.runtime, status=record.status) as run:
+        experiment_id = record.experiment_id or runs.experiment_id_for(None)
+        with write.attempt_run(record.study, record.attempt, record.runtime, status=record.status,
+                               parent_run_id=record.parent_run_id, experiment_id=experiment_id) as run:
             record.run_id = run.info.run_id
-            write.log_record(record, steps=steps)
+            write.log_record(record, run.info.run_id, steps=steps)
         return Logged(run_id=record.run_id)
     except Exception as e:
         outage = faults.is_outage(e)

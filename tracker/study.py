@@ -163,7 +163,8 @@ class Study:
         """`attempt` measured and logged as this study's (here, or sent), with `tags` on top of the study's."""
         setup = AttemptSetup(config=self.config, study=self.name, evaluate=self.setup.evaluate, log_model=self.log_models,
                              latency_feeds=self.setup.latency_feeds, tags={**self.tags, **(tags or {})},
-                             machine=self.machine, quality=self.setup.quality)
+                             machine=self.machine, quality=self.setup.quality, parent_run_id=self.run.info.run_id,
+                             experiment_id=self.run.info.experiment_id)
         return self._executor.submit(attempt, setup, workdir=self._work / attempt.name, generation=generation)
 
     @property
@@ -293,7 +294,7 @@ class Study:
         """Keeps a search's `result` for the report, its candidates timed only on the screen logged as light runs."""
         self.search_result = result
         try:  # the table on the study run holds the same rows: losing these runs loses no figure
-            write.log_candidate_runs(result.candidate_runs(self.name))
+            write.log_candidate_runs(result.candidate_runs(self.name), study_run=self.run)
         except Exception as e:
             logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
                            "report/search_candidates.json holds them", type(e).__name__, e)
@@ -332,7 +333,8 @@ class Study:
         """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
         if self._run_cm is None:
             raise RuntimeError("use the Study in a `with` block before adding attempts")
-        self.failures[name] = log_failure(self.name, name, error, runtime=runtime, tags={**self.tags, **(tags or {})})
+        self.failures[name] = log_failure(self.name, name, error, runtime=runtime, tags={**self.tags, **(tags or {})},
+                                          parent_run_id=self.run.info.run_id, experiment_id=self.run.info.experiment_id)
 
     def rows(self, *, tables: bool = False) -> list[AttemptRow]:
         """The study's rows (per-op tables if `tables`): its attempts', or a cluster's runs', then `failures`'."""

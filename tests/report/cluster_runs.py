@@ -111,7 +111,9 @@ def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes:
         with write.study_run(name, experiment=name, params={}, tags={}) as parent:
             ids = []
             for run in runs:
-                logged = log_or_keep(_record(run, name, nodes))
+                record = _record(run, name, nodes)
+                record.parent_run_id, record.experiment_id = parent.info.run_id, parent.info.experiment_id
+                logged = log_or_keep(record)
                 assert logged.run_id is not None, f"run {run} was not logged: {logged}"
                 ids.append(logged.run_id)
                 time.sleep(0.01)  # distinct start times: `compare` orders a study's runs by them

@@ -10,8 +10,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
+from tests.models import make_linear_model
 from tracker import MeasureConfig, Study, TimingConfig
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.store.model_and_feeds import model_figures
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3,
@@ -50,6 +50,8 @@ def test_each_attempts_model_holds_its_figures_and_verdict(logged):
         assert all(m.model_id == model.model_id for m in model.metrics)
         assert run.data.tags["tracker.model_id"] == model.model_id
         assert model.tags["tracker.verdict"] == run.data.tags["tracker.verdict"]
+        assert model.params == run.data.params, "the run's params, as MLflow's log_model copies them"
+        assert model.experiment_id == experiment_id and model.status == "READY"
     entry = {m.key: m.value for m in _model(client, experiment_id, runs["ort_threads_1"]).metrics}
     assert entry["latency.speedup_ci_low"] <= entry["latency.speedup"] <= entry["latency.speedup_ci_high"]
     assert entry["diff.passed"] == 1.0

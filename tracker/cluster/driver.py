@@ -36,7 +36,6 @@ from tracker.report.rows import AttemptRow
 from tracker.run.content import attempt_params
 from tracker.run.record import AttemptRecord
 from tracker.search.screening import Screened
-from tracker.store import write
 
 logger = logging.getLogger(__name__)
 
@@ -248,7 +247,7 @@ class Fanout:
     def _start(self, setup: AttemptSetup) -> None:
         """Starts the nodes' measurers (`start_measurers`), and the folder their records are unpacked in."""
         self._work = make_work_folder(f"tracker-{self.study}-records-")
-        self._parent = write.current_ids()
+        self._parent = (setup.parent_run_id, setup.experiment_id)
         self._nodes = start_measurers(self.address, self.study, self.feeds, setup)
         self._queues = {node.info.node_type: deque() for node in self._nodes}  # the types, as the nodes were found
 

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import mlflow
 
-from tracker.base.errors import TrackerError
 from tracker.base.keys import (
     ROLE_ATTEMPT,
     TAG_ATTEMPT,
@@ -27,7 +26,8 @@ from tracker.base.keys import (
 from tracker.base.termination import defers_sigterm
 from tracker.run.record import AttemptRecord
 from tracker.store import faults
-from tracker.store.write import end_run, end_run_quietly, log_record, log_study_report, log_study_summary
+from tracker.store.runs import create_run, end_run, end_run_quietly, experiment_id_for
+from tracker.store.write import log_record, log_study_report, log_study_summary
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,6 @@ def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
     The run goes under its study run and into its experiment when they still exist, and it starts at
     `record.start_time_ms` (when it would have started), so the study's attempts keep their order.
     """
-    from mlflow.tracking.context.registry import resolve_tags
-    from mlflow.tracking.fluent import _get_experiment_id
-    from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-
     client = mlflow.MlflowClient()
     tags = {TAG_ATTEMPT: record.attempt, TAG_RUNTIME: record.runtime, TAG_ROLE: ROLE_ATTEMPT,
             TAG_UPLOADED_FROM: str(source)}
@@ -54,15 +50,11 @@ def create_kept_run(record: AttemptRecord, *, source: Path) -> str:
     experiment_id = record.experiment_id
     if experiment_id and not _experiment_exists(client, experiment_id):
         experiment_id = None
-    if record.parent_run_id and _run_exists(client, record.parent_run_id):
-        tags[MLFLOW_PARENT_RUN_ID] = record.parent_run_id
-        experiment_id = client.get_run(record.parent_run_id).info.experiment_id  # a child lives with its parent
-    experiment_id = experiment_id or _get_experiment_id()
-    if experiment_id is None:  # MLflow falls back to its default experiment; None only if it has none
-        raise TrackerError(f"no experiment to upload attempt {record.attempt} into; set one with "
-                           "mlflow.set_experiment or $MLFLOW_EXPERIMENT_NAME")
-    run = client.create_run(experiment_id, start_time=record.start_time_ms,
-                            tags=resolve_tags(tags), run_name=record.attempt)
+    parent = record.parent_run_id if record.parent_run_id and _run_exists(client, record.parent_run_id) else None
+    if parent is not None:
+        experiment_id = client.get_run(parent).info.experiment_id  # a child lives with its parent
+    run = create_run(record.attempt, experiment_id=experiment_id or experiment_id_for(None), parent_run_id=parent,
+                     tags=tags, start_time=record.start_time_ms)
     return run.info.run_id
 
 
@@ -71,9 +63,8 @@ def fill_kept_run(run_id: str, record: AttemptRecord) -> dict[str, str]:
     """Logs a kept record on the run `create_kept_run` made, and ends it with the record's status; returns the
     parts MLflow refused (`log_record`). A run created for the record before the failure that sent it to the
     outbox is marked FAILED and `tracker.superseded_by` this one. On an error the run ends FAILED."""
-    mlflow.start_run(run_id=run_id, nested=mlflow.active_run() is not None)
     try:
-        left_out = log_record(record)
+        left_out = log_record(record, run_id)
     except BaseException:
         end_run_quietly(run_id, "FAILED")
         raise

@@ -15,7 +15,11 @@ from pathlib import Path
 import mlflow
 import numpy as np
 import onnx
+from mlflow.data.dataset import Dataset
 from mlflow.data.meta_dataset import MetaDataset
+from mlflow.entities import Dataset as DatasetEntity
+from mlflow.entities import DatasetInput, InputTag
+from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
 
 from tracker.base.keys import (
     TAG_ATTEMPT,
@@ -36,6 +40,8 @@ from tracker.run.record import AttemptRecord
 MODEL_METRICS = frozenset((schema.P50_MS, schema.DIFF_PASSED, schema.COSINE_MIN, schema.TOP1, schema.PPL_INCREASE,
                            schema.SIZE_BYTES, schema.NODE_COUNT, schema.GEN_DIFF_PASSED))
 # Each scenario's speed-up and its interval (`schema.Scope.prefix`): `latency.speedup`, `gen.decode.past512.speedup`.
+# What an MLflow dataset entity holds of a dataset's `to_dict()`.
+_DATASET_FIELDS = ("name", "digest", "source_type", "source", "schema", "profile")
 _SPEEDUP = re.compile(r"(latency|gen\.decode\.past\d+|gen\.prefill\.s\d+)\.speedup(_ci_low|_ci_high)?")
 # The attempt run's tags a logged model carries too (the verdict names the run's outcome in the Models tab).
 MODEL_TAGS = (TAG_VERDICT, TAG_STATUS)
@@ -46,31 +52,45 @@ def model_figures(metrics: Mapping[str, float]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if k in MODEL_METRICS or _SPEEDUP.fullmatch(k)}
 
 
-def log_onnx_flavor(model: onnx.ModelProto, record: AttemptRecord, signature) -> str:
-    """Logs `model` with the onnx flavor as the record's logged model, with `signature` (None: without one), tagged
-    with the attempt's study, name, verdict and status (`MODEL_TAGS`). Returns the logged model's id."""
+def log_onnx_flavor(model: onnx.ModelProto, record: AttemptRecord, signature, run_id: str) -> str:
+    """Logs `model` with the onnx flavor as the record's logged model on the run `run_id`, with `signature` (None:
+    without one), tagged with the attempt's study, name, verdict and status (`MODEL_TAGS`). Returns the logged model's
+    id."""
     # No input_example: it would make MLflow load and run the model once more.
     tags = {TAG_ATTEMPT: record.attempt, **({TAG_STUDY: record.study} if record.study else {}),
             **{k: str(record.tags[k]) for k in MODEL_TAGS if k in record.tags}}
+    # Made here, in the run's experiment (MLflow would put a model logged by run id, with no active run, in its default
+    # one), with the run's params as MLflow's own `log_model` copies them.
+    run = mlflow.MlflowClient().get_run(run_id)
+    made = mlflow.initialize_logged_model(name=logged_model_name(record.study, record.attempt), source_run_id=run_id,
+                                          tags=tags, params=run.data.params, experiment_id=run.info.experiment_id)
     info = mlflow.onnx.log_model(
         onnx_model=model,
-        name=logged_model_name(record.study, record.attempt),
-        tags=tags,
+        model_id=made.model_id,
         signature=signature,
         pip_requirements=_pip_requirements(),
         onnx_execution_providers=["CPUExecutionProvider"],
+        run_id=run_id,
     )
     return info.model_id
 
 
-def log_plain_model(path: Path, *, why: str) -> None:
+def log_plain_model(path: Path, run_id: str, *, why: str) -> None:
     """The onnx flavor's pyfunc would fail on an op ORT does not know: the model as a file, always
     `model/model.onnx` (with its weights in it) whatever the attempt's file was called."""
     with tempfile.TemporaryDirectory(prefix="tracker-model-") as tmp:
         plain = Path(tmp) / "model.onnx"
         onnx.save_model(load_model(path, check=False), str(plain))
-        mlflow.log_artifact(str(plain), "model")
-    mlflow.set_tag(TAG_MODEL_FORMAT, f"plain artifact ({why})")
+        mlflow.MlflowClient().log_artifact(run_id, str(plain), "model")
+    mlflow.MlflowClient().set_tag(run_id, TAG_MODEL_FORMAT, f"plain artifact ({why})")
+
+
+def log_feeds_input(run_id: str, dataset: Dataset) -> None:
+    """`dataset` as the run `run_id`'s input, in the "inference" context (what `mlflow.log_input` logs on the
+    active run)."""
+    fields = {k: v for k, v in dataset.to_dict().items() if k in _DATASET_FIELDS}
+    mlflow.MlflowClient().log_inputs(run_id, [DatasetInput(DatasetEntity(**fields),
+                                                           [InputTag(MLFLOW_DATASET_CONTEXT, "inference")])])
 
 
 class _FeedsDataset(MetaDataset):

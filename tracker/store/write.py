@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlflow
 import pandas as pd
+from mlflow.entities import Param, Run, RunTag
 
 from tracker.base.keys import (
     NO_BEST,
@@ -45,47 +46,37 @@ from tracker.profile import columns as C
 from tracker.run.record import AttemptRecord
 from tracker.store import abandoned, faults
 from tracker.store.abandoned import process_tags
-from tracker.store.connect import ensure_reachable
 from tracker.store.model_and_feeds import (
     feeds_dataset,
+    log_feeds_input,
     log_onnx_flavor,
     log_plain_model,
     model_figures,
     tensor_signature,
 )
+from tracker.store.runs import create_run, enclosing_run, end_run, end_run_quietly, experiment_id_for
 
 logger = logging.getLogger(__name__)
 
 _MAX_TAG_CHARS = 5000
 
 
-def set_experiment(name: str) -> None:
-    """Makes `name` the active experiment, unless `mlflow run` already chose one for this process."""
-    if not os.environ.get("MLFLOW_RUN_ID"):
-        experiment = mlflow.set_experiment(name)
-        # When another process creates the experiment a moment before, MLflow (3.17) returns it without
-        # making it active, and this process's runs would land in "Default": activate it by id.
-        mlflow.set_experiment(experiment_id=experiment.experiment_id)
-
-
 @contextlib.contextmanager
 def study_run(
     study: str, *, experiment: str | None, params: Mapping[str, str], tags: Mapping[str, str]
-) -> Iterator[mlflow.ActiveRun]:
-    """The parent run of a study.
+) -> Iterator[Run]:
+    """The parent run of a study, ended FINISHED, or FAILED when the block raises (as `mlflow.ActiveRun` ends one).
 
-    Outside any run it starts one (inside `mlflow run` that attaches to the project's run); inside an
-    active run it is nested under it.
+    Inside `mlflow run` it is the project's run; inside a caller's active run it is nested under it (in that run's
+    experiment); otherwise a new run in `experiment` (`runs.experiment_id_for`). Its attempts are nested under it by
+    its id (`attempt_run`), not through MLflow's run stack.
     """
     run = None
     try:
         with deferred():  # SIGTERM waits: a run started must get its tags, and end FAILED below
-            if experiment and mlflow.active_run() is None:
-                set_experiment(experiment)
-            nested = mlflow.active_run() is not None
-            run = mlflow.start_run(run_name=study, nested=nested)
-            mlflow.set_tags({TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags})
-            mlflow.log_params(dict(params))
+            run = _open_study_run(study, experiment)
+            run_id = run.info.run_id
+            _log_batch(run_id, params=params, tags={TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags})
         abandoned.end_abandoned_in([run.info.experiment_id], by=f"study {study}")
         if _on_server():  # its runs can be watched there while the study runs
             logger.info("study %s: view it at %s", study, run_link(run))
@@ -100,12 +91,22 @@ def study_run(
         logger.info("study %s: %s", study, _view_hint(run))
 
 
+def _open_study_run(study: str, experiment: str | None) -> Run:
+    enclosing = enclosing_run()
+    if enclosing is not None and os.environ.get("MLFLOW_RUN_ID") == enclosing.info.run_id:  # `mlflow run`'s own
+        mlflow.MlflowClient().update_run(enclosing.info.run_id, status="RUNNING", name=study)
+        return enclosing
+    if enclosing is not None:
+        return create_run(study, experiment_id=enclosing.info.experiment_id, parent_run_id=enclosing.info.run_id)
+    return create_run(study, experiment_id=experiment_id_for(experiment))
+
+
 @contextlib.contextmanager
 def attempt_run(
-    study: str | None, attempt_name: str, runtime: str, *, status: str = "FINISHED",
-    parent_run_id: str | None = None, experiment_id: str | None = None,
-) -> Iterator[mlflow.ActiveRun]:
-    """A run for one attempt, nested under the active run (or `parent_run_id`) if there is one.
+    study: str | None, attempt_name: str, runtime: str, *, experiment_id: str, status: str = "FINISHED",
+    parent_run_id: str | None = None,
+) -> Iterator[Run]:
+    """A run for one attempt in `experiment_id`, nested under `parent_run_id` when given (the study's run).
 
     It ends with `status`; an exception inside marks it FAILED with the error text, then propagates.
     """
@@ -115,18 +116,18 @@ def attempt_run(
     run = None
     try:
         with deferred():
-            nested = mlflow.active_run() is not None
-            run = mlflow.start_run(run_name=attempt_name, nested=nested, parent_run_id=parent_run_id,
-                                   experiment_id=experiment_id)
-            mlflow.set_tags(tags)
+            run = create_run(attempt_name, experiment_id=experiment_id, parent_run_id=parent_run_id, tags=tags)
         yield run
-        end_run(run.info.run_id, status)
     except BaseException as e:
         if run is not None:
-            if _is_active(run.info.run_id):  # not when ending it is what failed: it has left the stack
-                with contextlib.suppress(Exception):  # the server may be what failed
-                    log_failure(e)
+            with contextlib.suppress(Exception):  # the server may be what failed
+                log_failure(run.info.run_id, e)
             end_run_quietly(run.info.run_id, "FAILED")
+        raise
+    try:
+        end_run(run.info.run_id, status)  # a store that cannot be told raises: the caller keeps the record
+    except BaseException:
+        end_run_quietly(run.info.run_id, "FAILED")
         raise
 
 
@@ -136,14 +137,14 @@ RUNS_VIEW = "workflowType=machine_learning"
 LOCAL_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store by default
 
 
-def run_link(run: mlflow.ActiveRun) -> str:
+def run_link(run: Run) -> str:
     """The UI page of a run, in the model-training view, without any credentials: on the tracking server,
     or for a local store on `mlflow ui`'s default address."""
     base = without_credentials(mlflow.get_tracking_uri()).rstrip("/") if _on_server() else LOCAL_UI
     return f"{base}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}?{RUNS_VIEW}"
 
 
-def _view_hint(run: mlflow.ActiveRun) -> str:
+def _view_hint(run: Run) -> str:
     """Where to see a study's run: its link, and for a local store the command that serves it."""
     if _on_server():
         return f"view it at {run_link(run)}"
@@ -156,60 +157,18 @@ def _on_server() -> bool:
 
 
 @defers_sigterm
-def end_run(run_id: str, status: str) -> None:
-    """Ends the run `run_id` with `status`. It leaves this process's run stack first, whatever the store answers, and
-    no other run leaves it (MLflow's `end_run` pops the top run before it tells the store, so a failed ending followed
-    by a second pop used to drop the study's own run).
-
-    Raises:
-        Exception: the store could not be told; the run stays RUNNING there (the caller keeps its record).
-    """
-    _leave_stack(run_id)
-    ensure_reachable()  # a dead server would make set_terminated retry for minutes
-    mlflow.MlflowClient().set_terminated(run_id, status)
-
-
-def end_run_quietly(run_id: str, status: str) -> bool:
-    """`end_run`, with a store that cannot be told logged (naming the run) instead of raised; returns whether the
-    store was told."""
-    try:
-        end_run(run_id, status)
-    except Exception as e:
-        logger.warning("could not tell the tracking store that run %s ended %s (%s); it shows RUNNING there",
-                       run_id, status, faults.describe(e))
-        return False
-    return True
-
-
-def _leave_stack(run_id: str) -> None:
-    """Takes the run `run_id` (only it) off this process's MLflow run stack, as `mlflow.end_run` would."""
-    from mlflow.tracking import fluent
-
-    stack = fluent._active_run_stack.get()  # no public way to drop one run by its id
-    stack[:] = [run for run in stack if run.info.run_id != run_id]
-    if os.environ.get("MLFLOW_RUN_ID") == run_id:  # `mlflow run`'s run, attached to by id
-        del os.environ["MLFLOW_RUN_ID"]
-    fluent._last_active_run_id.set(run_id)
-
-
-def _is_active(run_id: str) -> bool:
-    run = mlflow.active_run()
-    return run is not None and run.info.run_id == run_id
-
-
-@defers_sigterm
-def log_failure(error: BaseException | str, traceback_text: str | None = None) -> None:
-    """Records an error on the active run: status tag, error text tag and the traceback as a file."""
+def log_failure(run_id: str, error: BaseException | str, traceback_text: str | None = None) -> None:
+    """Records an error on the run `run_id`: status tag, error text tag and the traceback as a file."""
     if isinstance(error, BaseException):
         traceback_text = traceback_text or "".join(traceback.format_exception(error))
         error = f"{type(error).__name__}: {error}"
-    mlflow.set_tags({TAG_STATUS: Status.FAILED, TAG_ERROR: error[:_MAX_TAG_CHARS]})
-    mlflow.log_text(traceback_text or error, "error.txt")
+    _log_batch(run_id, tags={TAG_STATUS: Status.FAILED, TAG_ERROR: error[:_MAX_TAG_CHARS]})
+    mlflow.MlflowClient().log_text(run_id, traceback_text or error, "error.txt")
 
 
 @defers_sigterm
-def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> dict[str, str]:
-    """Logs everything an attempt record holds on the active run (timed into `steps` if given).
+def log_record(record: AttemptRecord, run_id: str, *, steps: StepTimes | None = None) -> dict[str, str]:
+    """Logs everything an attempt record holds on the run `run_id` (timed into `steps` if given).
 
     Each part (params, metrics, tags, artifacts, tables, files, dataset, model) is logged on its own: a part
     MLflow refuses for its content (`faults.is_outage` says it is not an outage) is left out and named in the
@@ -222,25 +181,26 @@ def log_record(record: AttemptRecord, *, steps: StepTimes | None = None) -> dict
     steps = steps or StepTimes()
     left_out: dict[str, str] = {}
     with steps.step("mlflow_logging"):
-        for part, log in _record_parts(record):
+        for part, log in _record_parts(record, run_id):
             _log_part(part, log, left_out)
     model_id = None
     if record.model_path:
         with steps.step("model_logging"):
-            model_id = _log_model(record, Path(record.model_path), left_out)
+            model_id = _log_model(record, run_id, Path(record.model_path), left_out)
     figures = _clean_metrics(model_figures(record.metrics))  # the rest went with `_record_parts`
     if figures:  # on the run, and linked to its logged model and the feeds they were measured on: the Models tab
         # shows a dataset's metrics as columns
         dataset = feeds_dataset(record) if record.feeds is not None else None
-        _log_part("model figures", lambda: mlflow.log_metrics(figures, model_id=model_id, dataset=dataset), left_out)
+        _log_part("model figures", lambda: mlflow.log_metrics(figures, run_id=run_id, model_id=model_id,
+                                                              dataset=dataset), left_out)
     if model_id is not None:
-        _log_part("model id tag", lambda: mlflow.set_tag(TAG_MODEL_ID, model_id), left_out)
+        _log_part("model id tag", lambda: _log_batch(run_id, tags={TAG_MODEL_ID: model_id}), left_out)
     if left_out:
         note = "; ".join(f"{part}: {why}" for part, why in left_out.items())
         logger.warning("attempt %s: MLflow refused part of its run, logged without it: %s", record.attempt, note)
-        _log_part("note", lambda: mlflow.set_tag(TAG_NOT_LOGGED, note[:_MAX_TAG_CHARS]), {})
+        _log_part("note", lambda: _log_batch(run_id, tags={TAG_NOT_LOGGED: note[:_MAX_TAG_CHARS]}), {})
     if record.status == "FAILED":
-        log_failure(record.error or "failed", record.traceback)
+        log_failure(run_id, record.error or "failed", record.traceback)
     return left_out
 
 
@@ -256,32 +216,41 @@ def _log_part(part: str, log, left_out: dict[str, str]) -> bool:
     return True
 
 
-def _record_parts(record: AttemptRecord):
-    """(part name, function logging it) for each part of `record` but its model."""
+def _record_parts(record: AttemptRecord, run_id: str):
+    """(part name, function logging it on `run_id`) for each part of `record` but its model."""
+    client = mlflow.MlflowClient()
     if record.params:
-        yield "params", lambda: mlflow.log_params({k: str(v)[:6000] for k, v in record.params.items()})
+        yield "params", lambda: _log_batch(run_id, params=record.params)
     figures = model_figures(record.metrics)
     others = {k: v for k, v in record.metrics.items() if k not in figures}
     if others:  # the model's figures are logged with the model (`log_record`)
-        yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(others))
+        yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(others), run_id=run_id)
     if record.tags:
-        yield "tags", lambda: mlflow.set_tags({k: str(v)[:_MAX_TAG_CHARS] for k, v in record.tags.items()})
+        yield "tags", lambda: _log_batch(run_id, tags=record.tags)
     if record.artifact_dir:
-        yield "artifacts", lambda: mlflow.log_artifacts(record.artifact_dir)
+        yield "artifacts", lambda: client.log_artifacts(run_id, record.artifact_dir)
         for name in record.tables:
-            yield f"table {name}", lambda name=name: _log_table_file(Path(record.artifact_dir), name)
+            yield f"table {name}", lambda name=name: _log_table_file(run_id, Path(record.artifact_dir), name)
     for path, folder in record.files.items():
-        yield f"file {Path(path).name}", lambda path=path, folder=folder: mlflow.log_artifact(path, folder)
+        yield f"file {Path(path).name}", lambda path=path, folder=folder: client.log_artifact(run_id, path, folder)
     if record.feeds is not None:
-        yield "dataset", lambda: mlflow.log_input(feeds_dataset(record), context="inference")
+        yield "dataset", lambda: log_feeds_input(run_id, feeds_dataset(record))
 
 
-def _log_table_file(artifact_dir: Path, name: str) -> None:
+def _log_batch(run_id: str, *, params: Mapping[str, object] | None = None,
+               tags: Mapping[str, object] | None = None) -> None:
+    """`params` and `tags` on the run `run_id`, as text (cut to MLflow's lengths)."""
+    mlflow.MlflowClient().log_batch(
+        run_id, params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
+        tags=[RunTag(k, str(v)[:_MAX_TAG_CHARS]) for k, v in (tags or {}).items()])
+
+
+def _log_table_file(run_id: str, artifact_dir: Path, name: str) -> None:
     table = pd.read_csv(artifact_dir / "tables" / f"{name}.csv", dtype={C.KEY: str})
-    mlflow.log_table(_json_safe(table), artifact_file=f"tables/{name}.json")
+    mlflow.MlflowClient().log_table(run_id, _json_safe(table), artifact_file=f"tables/{name}.json")
 
 
-def _log_model(record: AttemptRecord, path: Path, left_out: dict[str, str]) -> str | None:
+def _log_model(record: AttemptRecord, run_id: str, path: Path, left_out: dict[str, str]) -> str | None:
     """The model at `path` (the record's) with the onnx flavor and its signature; refused, without the signature;
     refused again (or a custom-domain model), as a plain file. Returns the logged model's id (None: a plain file)."""
     if record.model_flavor:
@@ -290,11 +259,13 @@ def _log_model(record: AttemptRecord, path: Path, left_out: dict[str, str]) -> s
         logged: list[str] = []
         if why_not:
             left_out["model signature"] = why_not
-        elif _log_part("model signature", lambda: logged.append(log_onnx_flavor(model, record, signature)), left_out):
+        elif _log_part("model signature", lambda: logged.append(log_onnx_flavor(model, record, signature, run_id)),
+                       left_out):
             return logged[0]
-        if _log_part("onnx flavor", lambda: logged.append(log_onnx_flavor(model, record, None)), left_out):
+        if _log_part("onnx flavor", lambda: logged.append(log_onnx_flavor(model, record, None, run_id)), left_out):
             return logged[0]
-    log_plain_model(path, why="custom-domain op" if not record.model_flavor else "MLflow refused the onnx flavor")
+    log_plain_model(path, run_id, why="custom-domain op" if not record.model_flavor else "MLflow refused the onnx "
+                    "flavor")
     return None
 
 
@@ -307,35 +278,24 @@ def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
     return table.astype(object).where(table.notna(), None)
 
 
-def has_active_run() -> bool:
-    """Whether this process is inside an MLflow run (its own, or the one `mlflow run` started)."""
-    return mlflow.active_run() is not None
-
-
-def current_ids() -> tuple[str | None, str | None]:
-    """(active run id, experiment id) of this process, for records that may have to be uploaded later."""
-    run = mlflow.active_run()
-    if run is not None:
-        return run.info.run_id, run.info.experiment_id
-    from mlflow.tracking.fluent import _get_experiment_id
-
-    return None, _get_experiment_id()
-
-
 @defers_sigterm
-def log_candidate_runs(candidates: Sequence[Mapping[str, Mapping]]) -> list[str]:
+def log_candidate_runs(candidates: Sequence[Mapping[str, Mapping]], *, study_run: Run) -> list[str]:
     """Logs each candidate of a search that was timed but not measured in full as a light run nested under the
-    active (study) run: its `params`, `metrics` and `tags` (`tracker.role` = "candidate", so `tracker compare` and
-    the study report, which read attempt runs, leave them out). Returns the run ids."""
+    study run: its `params`, `metrics` and `tags` (`tracker.role` = "candidate", so `tracker compare` and the study
+    report, which read attempt runs, leave them out). Returns the run ids."""
     ids = []
     for candidate in candidates:
         tags = {**candidate["tags"], TAG_ROLE: ROLE_CANDIDATE}
-        with mlflow.start_run(run_name=tags.get(TAG_ATTEMPT), nested=True) as run:
-            mlflow.set_tags({k: str(v)[:_MAX_TAG_CHARS] for k, v in tags.items()})
-            if candidate["params"]:
-                mlflow.log_params({k: str(v)[:6000] for k, v in candidate["params"].items()})
-            mlflow.log_metrics(_clean_metrics(candidate["metrics"]))
-            ids.append(run.info.run_id)
+        run = create_run(str(tags.get(TAG_ATTEMPT, "candidate")), experiment_id=study_run.info.experiment_id,
+                         parent_run_id=study_run.info.run_id)
+        try:
+            _log_batch(run.info.run_id, params=candidate["params"], tags=tags)
+            mlflow.log_metrics(_clean_metrics(candidate["metrics"]), run_id=run.info.run_id)
+        except BaseException:
+            end_run_quietly(run.info.run_id, "FAILED")
+            raise
+        end_run(run.info.run_id, "FINISHED")
+        ids.append(run.info.run_id)
     return ids
 
 
