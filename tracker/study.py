@@ -378,14 +378,11 @@ class Study:
             if exc_type is None:
                 totals, wall = self.step_totals()
                 logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
-                machine = self.machine.metrics() if self.machine else {}
-                searched, run_id = self.search_result.metrics() if self.search_result else {}, self.run.info.run_id
-                if log_summary(self.rows(), {**totals.metrics(wall), **machine, **searched}, study=self.name, run_id=run_id):
-                    ok = [r for r in self.results if r.ok]
-                    log_report(self.rows(tables=True), self._work / "report", study=self.name, run_id=run_id,
-                               search=self.search_result,
-                               rooflines={r.attempt.name: r.roofline for r in ok if r.roofline is not None},
-                               phase_rooflines={r.attempt.name: r.phase_rooflines for r in ok if r.phase_rooflines})
+                metrics = {**totals.metrics(wall), **(self.machine.metrics() if self.machine else {}),
+                           **(self.search_result.metrics() if self.search_result else {})}
+                if log_summary(self.rows(), metrics, study=self.name, run_id=self.run.info.run_id):
+                    log_report(self.rows(tables=True), self._work / "report", study=self.name,
+                               run_id=self.run.info.run_id, results=self.results, search=self.search_result)
         finally:
             if self._run_cm is not None:
                 self._run_cm.__exit__(exc_type, exc, tb)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tracker.base.errors import TrackerError
 from tracker.base.files import no_space_note
-from tracker.measure.costmodel.roofline import Roofline
+from tracker.measure.attempt import AttemptResult
 from tracker.report.rows import AttemptRow, pick_best, study_counts
 from tracker.report.scenarios import scenario_tags
 from tracker.report.search import build_search_report
@@ -43,13 +43,14 @@ def log_summary(rows: Sequence[AttemptRow], metrics: Mapping[str, float], *, stu
     return True
 
 
-def log_report(
-    rows: Sequence[AttemptRow], folder: Path, *, study: str, run_id: str, rooflines: Mapping[str, Roofline],
-    phase_rooflines: Mapping[str, Mapping[str, Roofline]], search: SearchResult | None,
-) -> None:
-    """Logs the study report (and the search's page, after a search) on the study run `run_id`; a report problem
-    never costs the study its summary."""
+def log_report(rows: Sequence[AttemptRow], folder: Path, *, study: str, run_id: str, results: Sequence[AttemptResult],
+               search: SearchResult | None) -> None:
+    """Logs the study report (with the rooflines of the `results` measured here, and the search's page after a
+    search) on the study run `run_id`; a report problem never costs the study its summary."""
     best = pick_best(rows)
+    ok = [r for r in results if r.ok]
+    rooflines = {r.attempt.name: r.roofline for r in ok if r.roofline is not None}
+    phase_rooflines = {r.attempt.name: r.phase_rooflines for r in ok if r.phase_rooflines}
     try:
         built = build_study_report(rows, folder, study=study, best=best, rooflines=rooflines,
                                    phase_rooflines=phase_rooflines)
