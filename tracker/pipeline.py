@@ -144,7 +144,7 @@ def run_attempt(
 
 
 @dataclass(frozen=True)
-class Measured:
+class MeasuredAttempt:
     """An attempt measured and its record filled, not logged yet (a cluster's node returns the record, and the
     driver logs it).
 
@@ -168,7 +168,7 @@ def measure_record(
     workdir: Path,
     baseline_outputs: list[np.ndarray] | None = None,
     generation: GenerationFigures | None = None,
-) -> Measured:
+) -> MeasuredAttempt:
     """Measures an attempt, judges it against its runtime's baseline and fills its record (with `setup.tags` on
     top of its own); needs no tracking store.
 
@@ -221,7 +221,7 @@ def measure_record(
         record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
         interrupted = e
     record.tags.update(setup.tags)
-    return Measured(result, record, interrupted)
+    return MeasuredAttempt(result, record, interrupted)
 
 
 def candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tuple[dict[str, float], dict[str, str]]:
