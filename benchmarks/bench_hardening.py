@@ -17,10 +17,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-# A sibling module: run this file as a script (`python benchmarks/bench_hardening.py`).
+# Sibling modules: run this file as a script (`python benchmarks/bench_hardening.py`).
+from probe_common import run_cases
 from synth_profile import _profile_text, gpt2_graph
 
 _CHILD = """
@@ -104,19 +104,7 @@ def probe(*, only: set[str], folder: Path | None) -> int:
     # issue 22's items ("1" to "14"), then the third probe's (issue 35: "r3.2" ...)
     cases.sort(key=lambda case: (case[0].startswith("r3."), int(case[0].removeprefix("r3."))))
     print(f"issue 22 and issue 35 probes of {Path(tracker.__file__).parent}: {len(cases)} cases")
-    held_count = 0
-    for item, name, case in cases:
-        start = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="probe_", dir=folder) as tmp:
-            try:
-                held, seen = case(Path(tmp))
-            except Exception as e:  # the probe itself broke (a timeout, an assertion of its setup)
-                held, seen = False, f"probe error: {type(e).__name__}: {str(e)[:150]}"
-        held_count += held
-        print(f"{item:>3} {'held ' if held else 'BROKE'} {time.perf_counter() - start:5.1f} s  {name}: {seen}",
-              flush=True)
-    print(f"{held_count} of {len(cases)} held")
-    return 0
+    return run_cases(cases, folder)
 
 
 if __name__ == "__main__":

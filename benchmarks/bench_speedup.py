@@ -64,7 +64,7 @@ def build_models(names: list[str], folder: Path) -> dict[str, tuple[Path, dict[s
             model = to_onnx(LinearRegression().fit(X_train, y_train), X_train[:1].astype(np.float32), target_opset=18)
             feeds = {model.graph.input[0].name: X_test.astype(np.float32)}
         elif name == "fusion":
-            from tracker.optimize.add_eyelike import make_linear_model
+            from tracker.studies.fusion import make_linear_model
 
             model = make_linear_model(n_features=100)
             feeds = {"X": np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)}

@@ -9,48 +9,31 @@ format has not changed, so the cases run against an older checkout too (PYTHONPA
 
 from __future__ import annotations
 
-import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
-
-
-def _env(tmp: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID")}
-    return {**env, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "TRACKER_OUTBOX": str(tmp / "outbox"),
-            **extra}
-
-
-def _tracker(tmp: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tracker", *args], cwd=tmp, env=env or _env(tmp),
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
-
-
-def _last_line(done: subprocess.CompletedProcess) -> str:
-    lines = [line for line in done.stderr.strip().splitlines() if "INFO mlflow" not in line]
-    return (lines or done.stdout.strip().splitlines() or [""])[-1][:200]
+from probe_common import (
+    SIGTERM_IN_A_WEAKREF_CALLBACK,
+    Case,
+    last_line,
+    linear_model,
+    run_tracker,
+    store_migrating,
+    store_revision,
+    tracker_env,
+)
 
 
 def _runs(tmp: Path) -> list[tuple[str, str]]:
     """(name, status) of the live runs in the store, from its tables (no MLflow in this process)."""
     with sqlite3.connect(tmp / "mlflow.db") as connection:
         return sorted(connection.execute("SELECT name, status FROM runs WHERE lifecycle_stage = 'active'"))
-
-
-def _linear() -> onnx.ModelProto:
-    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 4])
-    weight = helper.make_tensor("W", TensorProto.FLOAT, [4, 4], np.eye(4, dtype=np.float32).ravel().tolist())
-    graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "linear", [x], [y], [weight])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def _forest() -> onnx.ModelProto:
@@ -77,16 +60,16 @@ def _keep(tmp: Path, name: str, model: onnx.ModelProto, **fields) -> Path:
 
 def _new_store(tmp: Path) -> None:
     done = subprocess.run([sys.executable, "-c", "from tracker.store.connect import setup_tracking; "
-                           "setup_tracking()"], cwd=tmp, env=_env(tmp), capture_output=True, text=True)
+                           "setup_tracking()"], cwd=tmp, env=tracker_env(tmp), capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-500:]
 
 
 def zipmap_record_uploaded(tmp: Path) -> tuple[bool, str]:
     _keep(tmp, "forest", _forest())
-    done = _tracker(tmp, "upload", str(tmp / "outbox"))
+    done = run_tracker(tmp, "upload", str(tmp / "outbox"))
     runs = _runs(tmp)
     held = done.returncode == 0 and runs == [("forest", "FINISHED")] and "Traceback" not in done.stderr
-    return held, f"rc {done.returncode}, runs {runs}: {_last_line(done)}"
+    return held, f"rc {done.returncode}, runs {runs}: {last_line(done)}"
 
 
 def bad_record_among_good_ones(tmp: Path) -> tuple[bool, str]:
@@ -94,22 +77,22 @@ def bad_record_among_good_ones(tmp: Path) -> tuple[bool, str]:
     with sqlite3.connect(tmp / "mlflow.db") as connection:  # an experiment deleted since its study ran
         connection.execute("INSERT INTO experiments (experiment_id, name, artifact_location, lifecycle_stage) "
                            "VALUES (7, 'gone', 'mlruns/7', 'deleted')")
-    _keep(tmp, "a", _linear())
-    _keep(tmp, "b", _linear(), experiment_id="7")
-    _keep(tmp, "c", _linear())
-    tries = [_tracker(tmp, "upload", str(tmp / "outbox")) for _ in range(2)]
+    _keep(tmp, "a", linear_model())
+    _keep(tmp, "b", linear_model(), experiment_id="7")
+    _keep(tmp, "c", linear_model())
+    tries = [run_tracker(tmp, "upload", str(tmp / "outbox")) for _ in range(2)]
     runs = _runs(tmp)
     clean = all("Traceback" not in t.stderr for t in tries)
     held = clean and runs == [("a", "FINISHED"), ("c", "FINISHED")] and all(t.returncode == 2 for t in tries)
-    return held, f"rc {[t.returncode for t in tries]}, runs after 2 tries {runs}: {_last_line(tries[-1])}"
+    return held, f"rc {[t.returncode for t in tries]}, runs after 2 tries {runs}: {last_line(tries[-1])}"
 
 
 def two_uploads_at_once(tmp: Path) -> tuple[bool, str]:
     _new_store(tmp)
     for name in "abcdef":
-        _keep(tmp, name, _linear())
+        _keep(tmp, name, linear_model())
     command = [sys.executable, "-m", "tracker", "upload", str(tmp / "outbox")]
-    procs = [subprocess.Popen(command, cwd=tmp, env=_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen(command, cwd=tmp, env=tracker_env(tmp), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     codes = [p.wait(timeout=300) for p in procs]
     errors = [p.stderr.read() for p in procs]
@@ -122,78 +105,41 @@ def outbox_is_a_file(tmp: Path) -> tuple[bool, str]:
     _new_store(tmp)
     with sqlite3.connect(tmp / "mlflow.db") as connection:  # the store refuses the run: the outbox is needed
         connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'no'); END")
-    onnx.save(_linear(), str(tmp / "m.onnx"))
+    onnx.save(linear_model(), str(tmp / "m.onnx"))
     (tmp / "outbox-file").write_text("a file")
-    done = _tracker(tmp, "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2", "--min-seconds", "0",
-                    env=_env(tmp, TRACKER_OUTBOX=str(tmp / "outbox-file")))
+    done = run_tracker(tmp, "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2", "--min-seconds", "0",
+                       env=tracker_env(tmp, TRACKER_OUTBOX=str(tmp / "outbox-file")))
     held = done.returncode == 2 and "Traceback" not in done.stderr and "not a folder" in done.stderr
-    return held, f"rc {done.returncode}: {_last_line(done)}"
+    return held, f"rc {done.returncode}: {last_line(done)}"
 
 
 def ctrl_c_while_the_default_store_is_built(tmp: Path) -> tuple[bool, str]:
-    onnx.save(_linear(), str(tmp / "m.onnx"))
-    env = {k: v for k, v in _env(tmp).items() if k != "MLFLOW_TRACKING_URI"}  # ./mlflow.db
-    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2", "--min-seconds",
-               "0"]
+    onnx.save(linear_model(), str(tmp / "m.onnx"))
+    env = {k: v for k, v in tracker_env(tmp).items() if k != "MLFLOW_TRACKING_URI"}  # ./mlflow.db
+    command = [sys.executable, "-m", "tracker", "profile", "m.onnx", "--dim", "N=2", "--profile-runs", "2",
+               "--min-seconds", "0"]
     cut = subprocess.Popen(command, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while not _migrating(tmp) and cut.poll() is None and time.monotonic() < deadline:
+    while not store_migrating(tmp) and cut.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     cut.send_signal(signal.SIGINT)
     cut.wait(timeout=120)
-    left = _revision(tmp / "mlflow.db")
+    left = store_revision(tmp / "mlflow.db")
     again = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
-    whole = left in (None, _revision(tmp / "mlflow.db"))
+    whole = left in (None, store_revision(tmp / "mlflow.db"))
     held = again.returncode == 0 and whole
     return held, (f"{'no store or a whole one' if whole else f'a half-built store (revision {left})'} left; the "
-                  f"command after Ctrl-C: rc {again.returncode}: {_last_line(again) if again.returncode else 'ok'}")
-
-
-def _revision(db: Path) -> str | None:
-    """The schema revision a sqlite store's migrations reached; None if there is no store."""
-    if not db.exists():
-        return None
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as connection:
-        try:
-            (revision,) = connection.execute("SELECT version_num FROM alembic_version").fetchone() or ("none",)
-        except sqlite3.Error:
-            return "no revision"
-    return revision
-
-
-def _migrating(folder: Path) -> bool:
-    for name in ("mlflow.db", ".mlflow.db.building"):
-        try:
-            with sqlite3.connect(f"file:{folder / name}?mode=ro", uri=True, timeout=0.01) as connection:
-                if connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'alembic_version'").fetchone():
-                    return True
-        except sqlite3.Error:
-            pass
-    return False
-
-
-_SWALLOWED = """
-import os, signal, weakref
-from tracker.base.termination import sigterm_as_exit
-class Pooled:
-    pass
-def on_collect(_):
-    os.kill(os.getpid(), signal.SIGTERM)
-    sum(range(10000))
-with sigterm_as_exit():
-    pooled = Pooled()
-    ref = weakref.ref(pooled, on_collect)
-    del pooled
-"""
+                  f"command after Ctrl-C: rc {again.returncode}: {last_line(again) if again.returncode else 'ok'}")
 
 
 def sigterm_in_a_weakref_callback(tmp: Path) -> tuple[bool, str]:
-    done = subprocess.run([sys.executable, "-c", _SWALLOWED], cwd=tmp, capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", SIGTERM_IN_A_WEAKREF_CALLBACK], cwd=tmp, capture_output=True,
+                          text=True, timeout=60)
     swallowed = 'the exception was swallowed' if 'Exception ignored' in done.stderr else 'no exception swallowed'
     return done.returncode == 143, f"exit {done.returncode} ({swallowed})"
 
 
-CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
+CASES: list[Case] = [
     ("1", "a kept record of a default skl2onnx forest (ZipMap), uploaded", zipmap_record_uploaded),
     ("2", "a record MLflow refuses among two good ones, uploaded twice", bad_record_among_good_ones),
     ("3", "two `tracker upload`s of one outbox at once", two_uploads_at_once),

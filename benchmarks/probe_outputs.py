@@ -8,26 +8,20 @@ Each case runs `python -m tracker optimize` from outside in an empty folder, on 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper, numpy_helper
+from probe_common import Case, error_line, linear_model, run_cases, run_tracker, save
 
 FAST = ["--profile-runs", "3", "--min-runs", "3", "--min-seconds", "0", "--speedup-rounds", "4",
         "--speedup-seconds", "0", "--threads", "1"]
 
 
 def _optimize(tmp: Path, model: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp / 'mlflow.db'}", "TRACKER_OUTBOX": str(tmp / "outbox")}
-    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
-        env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "tracker", "optimize", str(model), *FAST, *args], cwd=tmp, env=env,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=300)
+    return run_tracker(tmp, "optimize", str(model), *FAST, *args)
 
 
 def _rows(done: subprocess.CompletedProcess) -> dict[str, str]:
@@ -40,22 +34,8 @@ def _rows(done: subprocess.CompletedProcess) -> dict[str, str]:
     return rows
 
 
-def _error_line(done: subprocess.CompletedProcess) -> str:
-    lines = [line for line in done.stderr.splitlines() if line.startswith(("error:", "Traceback"))]
-    return (lines[-1] if lines else "")[:160]
-
-
-def _save(model: onnx.ModelProto, path: Path) -> Path:
-    onnx.save_model(model, str(path))
-    return path
-
-
 def _linear(tmp: Path) -> Path:
-    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, ["N", 4])
-    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["N", 3])
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32), "W")
-    graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "linear", [x], [y], [w])
-    return _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp / "linear.onnx")
+    return save(linear_model(), tmp / "linear.onnx")
 
 
 def nan_feeds(tmp: Path) -> tuple[bool, str]:
@@ -84,7 +64,7 @@ def _forest(tmp: Path) -> Path:
     model = to_onnx(RandomForestClassifier(n_estimators=5, max_depth=3, random_state=0).fit(X, y), X[:1],
                     target_opset=18)  # default options: zipmap on
     np.savez(tmp / "X.npz", **{model.graph.input[0].name: X[::5]})
-    return _save(model, tmp / "rf.onnx")
+    return save(model, tmp / "rf.onnx")
 
 
 def skl2onnx_forest(tmp: Path) -> tuple[bool, str]:
@@ -95,7 +75,7 @@ def skl2onnx_forest(tmp: Path) -> tuple[bool, str]:
     judged = [name for name, row in rows.items() if "top1 100.0%" in row and "failed" not in row]
     held = done.returncode == 0 and judged == ["baseline", "ort_opt_disabled"]
     return held, (f"exit {done.returncode}; judged by label and class probability: {', '.join(judged) or 'none'}"
-                  f"{'; ' + _error_line(done) if _error_line(done) else ''}")
+                  f"{'; ' + error_line(done) if error_line(done) else ''}")
 
 
 def sequence_output(tmp: Path) -> tuple[bool, str]:
@@ -105,13 +85,13 @@ def sequence_output(tmp: Path) -> tuple[bool, str]:
     seq = helper.make_tensor_sequence_value_info("S", TensorProto.FLOAT, None)
     nodes = [helper.make_node("Transpose", ["X"], ["T"]), helper.make_node("SequenceConstruct", ["X", "T"], ["S"])]
     graph = helper.make_graph(nodes, "sequence", [x], [seq])
-    model = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp / "seq.onnx")
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp / "seq.onnx")
     done = _optimize(tmp, model, "--dim", "N=2", "--attempts", "ort_opt_disabled")
     rows = _rows(done)
     judged = [name for name, row in rows.items() if "passed" in row and "failed" not in row]
     held = done.returncode == 0 and judged == ["baseline", "ort_opt_disabled"]
     return held, (f"exit {done.returncode}; attempts measured and passed: {', '.join(judged) or 'none'}"
-                  f"{'; ' + _error_line(done) if _error_line(done) else ''}")
+                  f"{'; ' + error_line(done) if error_line(done) else ''}")
 
 
 def failed_baseline(tmp: Path) -> tuple[bool, str]:
@@ -120,15 +100,15 @@ def failed_baseline(tmp: Path) -> tuple[bool, str]:
     y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [3, 5])
     shape = numpy_helper.from_array(np.array([3, 5], np.int64), "shape")
     graph = helper.make_graph([helper.make_node("Reshape", ["X", "shape"], ["Y"])], "reshape", [x], [y], [shape])
-    model = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp / "broken.onnx")
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), tmp / "broken.onnx")
     done = _optimize(tmp, model, "--dim", "N=2", "--attempts", "ort_opt_disabled,ort_threads_1")
-    error = _error_line(done)
+    error = error_line(done)
     held = (done.returncode not in (0, 2) and "Traceback" not in done.stderr
             and error.startswith("error: the baseline attempt failed"))
     return held, f"exit {done.returncode}; {error or 'no error line'}"
 
 
-CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
+CASES: list[Case] = [
     ("10", "NaN/inf in real feeds: baseline and a same-graph attempt pass", nan_feeds),
     ("13", "default skl2onnx RandomForest (ZipMap) with --task classification", skl2onnx_forest),
     ("13", "a sequence-of-tensors output", sequence_output),
@@ -137,9 +117,4 @@ CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
 
 
 if __name__ == "__main__":
-    import tempfile
-
-    for item, name, case in CASES:
-        with tempfile.TemporaryDirectory() as folder:
-            held, seen = case(Path(folder))
-        print(f"{item:>3}  {'held ' if held else 'BROKE'}  {name}: {seen}")
+    sys.exit(run_cases(CASES))

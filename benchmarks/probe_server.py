@@ -7,15 +7,13 @@ starts is stopped by the script itself.
 
 from __future__ import annotations
 
-import http.server
 import os
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from probe_common import Case, bystander, foreign_service, last_line, run_cases
 
 
 def _script(tmp: Path, *args: str, timeout_s: float = 120) -> tuple[subprocess.CompletedProcess, float]:
@@ -25,51 +23,14 @@ def _script(tmp: Path, *args: str, timeout_s: float = 120) -> tuple[subprocess.C
     return done, time.monotonic() - started
 
 
-def _last_line(done: subprocess.CompletedProcess) -> str:
-    lines = done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or [""]
-    return lines[-1][:200]
-
-
-@contextmanager
-def _bystander() -> Iterator[subprocess.Popen]:
-    proc = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL)
-    try:
-        yield proc
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"OK")
-
-    def log_message(self, *args):
-        pass
-
-
-@contextmanager
-def _foreign_service() -> Iterator[int]:
-    """Another HTTP service on 127.0.0.1 that answers /health with 200; its port."""
-    service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    threading.Thread(target=service.serve_forever, daemon=True).start()
-    try:
-        yield service.server_address[1]
-    finally:
-        service.shutdown()
-        service.server_close()
-
-
 def stop_with_an_unrelated_pid(tmp: Path) -> tuple[bool, str]:
-    with _bystander() as other:
+    with bystander() as other:
         (tmp / "server.pid").write_text(str(other.pid))
         done, _ = _script(tmp, "stop", "--dir", str(tmp), timeout_s=90)
         time.sleep(0.2)
         alive = other.poll() is None
     held = alive and done.returncode != 0 and "Traceback" not in done.stderr and "stale" in done.stderr
-    return held, f"rc {done.returncode}, unrelated process {'alive' if alive else 'KILLED'}: {_last_line(done)}"
+    return held, f"rc {done.returncode}, unrelated process {'alive' if alive else 'KILLED'}: {last_line(done)}"
 
 
 def stop_with_a_garbled_pid_file(tmp: Path) -> tuple[bool, str]:
@@ -77,36 +38,36 @@ def stop_with_a_garbled_pid_file(tmp: Path) -> tuple[bool, str]:
     done, _ = _script(tmp, "stop", "--dir", str(tmp), timeout_s=90)
     one_line = len(done.stderr.strip().splitlines()) == 1
     held = done.returncode != 0 and "Traceback" not in done.stderr and one_line
-    return held, f"rc {done.returncode}: {_last_line(done)}"
+    return held, f"rc {done.returncode}: {last_line(done)}"
 
 
 def start_with_a_stale_pid_file(tmp: Path) -> tuple[bool, str]:
     # The pid names a live unrelated process; a port in use stops the start right after the pid check, before
     # PostgreSQL, where the script goes on past the stale file.
-    with _bystander() as other, _foreign_service() as port:
+    with bystander() as other, foreign_service() as port:
         (tmp / "server.pid").write_text(str(other.pid))
         done, _ = _script(tmp, "start", "--dir", str(tmp), "--port", str(port))
     held = "already running" not in done.stderr and "stale" in done.stderr
-    return held, f"rc {done.returncode}: {_last_line(done)}"
+    return held, f"rc {done.returncode}: {last_line(done)}"
 
 
 def port_of_another_http_service(tmp: Path) -> tuple[bool, str]:
     tmp.chmod(0o711)  # where the script goes on to start PostgreSQL as root, its own user must pass through
-    with _foreign_service() as port:
+    with foreign_service() as port:
         done, seconds = _script(tmp, "start", "--dir", str(tmp / "server"), "--port", str(port))
     exported = "export MLFLOW_TRACKING_URI" in done.stdout
     held = done.returncode != 0 and not exported and "in use" in done.stderr and seconds < 10
     return held, (f"rc {done.returncode} in {seconds:.1f} s, {'printed' if exported else 'no'} export line: "
-                  f"{_last_line(done)}")
+                  f"{last_line(done)}")
 
 
 def port_out_of_range(tmp: Path) -> tuple[bool, str]:
     done, seconds = _script(tmp, "--port", "99999")
     held = done.returncode == 2 and seconds < 5 and "Traceback" not in done.stderr
-    return held, f"rc {done.returncode} in {seconds:.1f} s: {_last_line(done)}"
+    return held, f"rc {done.returncode} in {seconds:.1f} s: {last_line(done)}"
 
 
-CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
+CASES: list[Case] = [
     ("7", "stop --dir with server.pid naming an unrelated process", stop_with_an_unrelated_pid),
     ("7", "stop --dir with a non-numeric server.pid", stop_with_a_garbled_pid_file),
     ("7", "start --dir with a stale server.pid", start_with_a_stale_pid_file),
@@ -116,9 +77,4 @@ CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
 
 
 if __name__ == "__main__":
-    import tempfile
-
-    for item, name, case in CASES:
-        with tempfile.TemporaryDirectory() as folder:
-            held, seen = case(Path(folder))
-        print(f"{item:>3} {'held' if held else 'BROKE':5} {name}: {seen}")
+    sys.exit(run_cases(CASES))

@@ -12,21 +12,30 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import onnx
 from onnx import TensorProto, helper
-from probe_inputs import QUICK_OPTIMIZE, _env, _linear_model, _one_line_error, _save, _seen, _temp_root, _tracker
+from probe_common import (
+    QUICK_OPTIMIZE,
+    Case,
+    linear_model,
+    one_line_error,
+    run_tracker,
+    save,
+    seen,
+    temp_root,
+    tracker_env,
+)
 
 
 def _study(tmp: Path) -> tuple[str, dict[str, str]]:
     """A small study of two attempts in the folder's store: its store URI, each attempt's run id and the study's
     (under "study")."""
-    done = _tracker(tmp, "optimize", str(_save(_linear_model(), tmp / "linear.onnx")), "--attempts",
-                    "ort_opt_disabled", *QUICK_OPTIMIZE)
+    done = run_tracker(tmp, "optimize", str(save(linear_model(), tmp / "linear.onnx")), "--attempts",
+                       "ort_opt_disabled", *QUICK_OPTIMIZE)
     if done.returncode != 0:
-        raise RuntimeError(f"the study failed: {_seen(done)}")
+        raise RuntimeError(f"the study failed: {seen(done)}")
     import mlflow
 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
@@ -50,13 +59,13 @@ def a_store_refusing_one_runs_ending(tmp: Path) -> tuple[bool, str]:
     import mlflow
 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    _tracker(tmp, "compare", "--experiment", "x", "--study", "y")  # creates the store's tables
+    run_tracker(tmp, "compare", "--experiment", "x", "--study", "y")  # creates the store's tables
     (tmp / "artifacts").write_text("a file: no artifact can be written")
     mlflow.MlflowClient(uri).create_experiment("onnx-optimization", artifact_location=str(tmp / "artifacts"))
     _sql(tmp, "CREATE TRIGGER refuse BEFORE UPDATE OF status ON runs WHEN NEW.name = 'ort_opt_disabled' "
               "AND NEW.status != 'RUNNING' BEGIN SELECT RAISE(ABORT, 'refused'); END")
-    done = _tracker(tmp, "optimize", str(_save(_linear_model(), tmp / "linear.onnx")), "--attempts",
-                    "ort_opt_disabled,ort_threads_1", *QUICK_OPTIMIZE)
+    done = run_tracker(tmp, "optimize", str(save(linear_model(), tmp / "linear.onnx")), "--attempts",
+                       "ort_opt_disabled,ort_threads_1", *QUICK_OPTIMIZE)
     runs = _runs(uri)
     study = [r for r in runs if r.data.tags.get("tracker.role") == "study"]
     stray = [r.info.run_name for r in runs if "tracker.role" not in r.data.tags]
@@ -97,20 +106,20 @@ def a_full_working_folder(tmp: Path) -> tuple[bool, str]:
     if why:
         return False, why
     try:
-        _tracker(tmp, "compare", "--experiment", "x", "--study", "y")  # creates the store's tables
+        run_tracker(tmp, "compare", "--experiment", "x", "--study", "y")  # creates the store's tables
         _sql(tmp, "CREATE TRIGGER refuse BEFORE INSERT ON runs WHEN NEW.name != 'linear' "
                   "BEGIN SELECT RAISE(ABORT, 'refused'); END")
         _sql(tmp, "CREATE TRIGGER no_summary BEFORE INSERT ON tags WHEN NEW.key = 'tracker.best_attempt' "
                   "BEGIN SELECT RAISE(ABORT, 'refused'); END")
-        env = _env(tmp)  # its TMPDIR: where the emergency outbox goes
+        env = tracker_env(tmp)  # its TMPDIR: where the emergency outbox goes
         env.pop("TRACKER_OUTBOX")  # ./tracker-outbox, on the full folder
-        done = subprocess.run([sys.executable, "-m", "tracker", "optimize", str(_save(_linear_model(),
+        done = subprocess.run([sys.executable, "-m", "tracker", "optimize", str(save(linear_model(),
                                tmp / "linear.onnx")), "--attempts", "ort_opt_disabled", *QUICK_OPTIMIZE],
                               cwd=work, env=env, capture_output=True, text=True, timeout=300)
     finally:
         _umount(work)
-    kept = sorted(p.parent.parent.name for p in _temp_root(tmp).glob("tracker-outbox-*/*/*/record.json"))
-    summaries = list(_temp_root(tmp).glob("tracker-outbox-*/*/study_summary.json"))
+    kept = sorted(p.parent.parent.name for p in temp_root(tmp).glob("tracker-outbox-*/*/*/record.json"))
+    summaries = list(temp_root(tmp).glob("tracker-outbox-*/*/study_summary.json"))
     held = ("Traceback" not in done.stderr and "2 attempts" in done.stdout and len(set(kept)) == 1
             and len(kept) == 2 and len(summaries) == 1)
     return held, (f"exit {done.returncode}; {len(kept)} records in {len(set(kept))} emergency folder(s), "
@@ -125,11 +134,11 @@ def upload_note_naming_a_foreign_run(tmp: Path) -> tuple[bool, str]:
     from tracker.run.record import AttemptRecord, save_record
 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    _tracker(tmp, "compare", "--experiment", "x", "--study", "y")  # creates the store's tables
+    run_tracker(tmp, "compare", "--experiment", "x", "--study", "y")  # creates the store's tables
     foreign = mlflow.MlflowClient(uri).create_run("0", run_name="the users own").info.run_id
     folder = save_record(AttemptRecord("kept", None, "onnxruntime", metrics={"latency.p50_ms": 1.0}), tmp / "outbox")
     (folder / ".upload.json").write_text(json.dumps({"run_id": foreign, "done": False}))
-    done = _tracker(tmp, "upload", str(tmp / "outbox"))
+    done = run_tracker(tmp, "upload", str(tmp / "outbox"))
     run = mlflow.MlflowClient(uri).get_run(foreign)
     alive = run.info.lifecycle_stage == "active" and run.info.status == "RUNNING"
     return done.returncode == 0 and alive, f"exit {done.returncode}; the foreign run {run.info.lifecycle_stage}, " \
@@ -146,11 +155,11 @@ def record_json_a_fifo(tmp: Path) -> tuple[bool, str]:
     (bad / "record.json").unlink()
     os.mkfifo(bad / "record.json")
     try:
-        done = _tracker(tmp, "upload", str(tmp / "outbox"))
+        done = run_tracker(tmp, "upload", str(tmp / "outbox"))
     except subprocess.TimeoutExpired:
         return False, "upload hung on the FIFO"
-    return (_one_line_error(done, "must be a regular file") and "uploaded 1 attempt run" in done.stdout,
-            _seen(done))
+    return (one_line_error(done, "must be a regular file") and "uploaded 1 attempt run" in done.stdout,
+            seen(done))
 
 
 def record_json_nested_200k_deep(tmp: Path) -> tuple[bool, str]:
@@ -159,8 +168,8 @@ def record_json_nested_200k_deep(tmp: Path) -> tuple[bool, str]:
     bad = save_record(AttemptRecord("bad", None, "onnxruntime", metrics={"latency.p50_ms": 1.0}), tmp / "outbox")
     save_record(AttemptRecord("good", None, "onnxruntime", metrics={"latency.p50_ms": 1.0}), tmp / "outbox")
     (bad / "record.json").write_text("[" * 200_000 + "]" * 200_000)
-    done = _tracker(tmp, "upload", str(tmp / "outbox"))
-    return (_one_line_error(done, "nested too deeply") and "uploaded 1 attempt run" in done.stdout, _seen(done))
+    done = run_tracker(tmp, "upload", str(tmp / "outbox"))
+    return (one_line_error(done, "nested too deeply") and "uploaded 1 attempt run" in done.stdout, seen(done))
 
 
 # Item 5: compare reads defensively.
@@ -171,10 +180,10 @@ def compare_with_a_damaged_table(tmp: Path) -> tuple[bool, str]:
 
     artifacts = mlflow.MlflowClient(uri).get_run(runs["ort_opt_disabled"]).info.artifact_uri.removeprefix("file://")
     (Path(artifacts) / "tables" / "ops_by_op.json").write_text("[1, 2]")
-    done = _tracker(tmp, "compare", runs["study"])
+    done = run_tracker(tmp, "compare", runs["study"])
     row = next((line for line in done.stdout.splitlines() if "ort_opt_disabled" in line), "")
     held = done.returncode == 0 and "Traceback" not in done.stderr and "unreadable: tables/ops_by_op.json" in row
-    return held, f"exit {done.returncode}: {row.split('unreadable')[-1][:120] if row else _seen(done)}"
+    return held, f"exit {done.returncode}: {row.split('unreadable')[-1][:120] if row else seen(done)}"
 
 
 # Item 4: what a SIGKILL leaves.
@@ -183,20 +192,20 @@ def a_study_killed_during_its_second_attempt(tmp: Path) -> tuple[bool, str]:
     import signal
     import time
 
-    model = str(_save(_linear_model(), tmp / "linear.onnx"))
+    model = str(save(linear_model(), tmp / "linear.onnx"))
     study = subprocess.Popen([sys.executable, "-m", "tracker", "optimize", model, "--attempts",
                               "ort_opt_disabled,ort_threads_1", "--name", "killed", *QUICK_OPTIMIZE], cwd=tmp,
-                             env=_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                             env=tracker_env(tmp), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in study.stderr:
         if "optimizing ort_opt_disabled" in line:
             time.sleep(1)
             break
     study.send_signal(signal.SIGKILL)
     study.wait()
-    left = [p.name for p in _temp_root(tmp).glob("tracker-killed-*")]
-    compared = _tracker(tmp, "compare", "--experiment", "onnx-optimization", "--study", "killed")
-    _tracker(tmp, "optimize", model, "--attempts", "ort_opt_disabled", "--name", "next", *QUICK_OPTIMIZE)
-    after = [p.name for p in _temp_root(tmp).glob("tracker-killed-*")]
+    left = [p.name for p in temp_root(tmp).glob("tracker-killed-*")]
+    compared = run_tracker(tmp, "compare", "--experiment", "onnx-optimization", "--study", "killed")
+    run_tracker(tmp, "optimize", model, "--attempts", "ort_opt_disabled", "--name", "next", *QUICK_OPTIMIZE)
+    after = [p.name for p in temp_root(tmp).glob("tracker-killed-*")]
     killed = [r for r in _runs(f"sqlite:///{tmp / 'mlflow.db'}") if r.info.run_name == "killed"]
     held = (bool(left) and not after and "[did not finish]" in compared.stdout and len(killed) == 1
             and killed[0].info.status == "KILLED" and "tracker.killed" in killed[0].data.tags)
@@ -209,72 +218,73 @@ def a_study_killed_during_its_second_attempt(tmp: Path) -> tuple[bool, str]:
 
 def config_a_fifo_and_dev_zero(tmp: Path) -> tuple[bool, str]:
     os.mkfifo(tmp / "config.json")
-    model = str(_save(_linear_model(), tmp / "linear.onnx"))
-    seen, held = [], True
+    model = str(save(linear_model(), tmp / "linear.onnx"))
+    said, held = [], True
     for config in (tmp / "config.json", Path("/dev/zero")):
         try:
-            done = _tracker(tmp, "optimize", model, "--config", str(config), "--dry-run")
+            done = run_tracker(tmp, "optimize", model, "--config", str(config), "--dry-run")
         except subprocess.TimeoutExpired:
             return False, f"--config {config}: hung"
-        held &= _one_line_error(done, "must be a regular file")
-        seen.append(_seen(done))
-    return held, "; ".join(seen)
+        held &= one_line_error(done, "must be a regular file")
+        said.append(seen(done))
+    return held, "; ".join(said)
 
 
 def a_models_static_zero(tmp: Path) -> tuple[bool, str]:
     x = helper.make_tensor_value_info("features", TensorProto.FLOAT, [0, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 4])
     graph = helper.make_graph([helper.make_node("Relu", ["features"], ["y"])], "g", [x], [y])
-    path = _save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp / "empty.onnx")
-    done = _tracker(tmp, "optimize", str(path), *QUICK_OPTIMIZE)
-    return _one_line_error(done, "input 'features' declares axis 0 of size 0"), _seen(done)
+    path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp / "empty.onnx")
+    done = run_tracker(tmp, "optimize", str(path), *QUICK_OPTIMIZE)
+    return one_line_error(done, "input 'features' declares axis 0 of size 0"), seen(done)
 
 
 def a_chain_name_over_100(tmp: Path) -> tuple[bool, str]:
     chain = "ort_opt_disabled+io_binding+ort_threads_1+" * 3
-    done = _tracker(tmp, "optimize", str(_save(_linear_model(), tmp / "linear.onnx")), "--attempts",
-                    chain.rstrip("+"), *QUICK_OPTIMIZE)
+    done = run_tracker(tmp, "optimize", str(save(linear_model(), tmp / "linear.onnx")), "--attempts",
+                       chain.rstrip("+"), *QUICK_OPTIMIZE)
     no_store = not (tmp / "mlflow.db").exists() or "baseline" not in subprocess.run(
         ["sqlite3", str(tmp / "mlflow.db"), "select name from runs"], capture_output=True, text=True).stdout
-    return _one_line_error(done, "an attempt name is at most 100") and no_store, _seen(done)
+    return one_line_error(done, "an attempt name is at most 100") and no_store, seen(done)
 
 
 def a_token_in_the_uri(tmp: Path) -> tuple[bool, str]:
-    seen, held = [], True
+    said, held = [], True
     for uri in ("http://dapiTOKEN5150@127.0.0.1:9/", "http://127.0.0.1:9/?token=qtoken5150"):
-        done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(_save(_linear_model(),
+        done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(save(linear_model(),
                                tmp / "linear.onnx"))], cwd=tmp, capture_output=True, text=True, timeout=120,
-                              env={**_env(tmp), "MLFLOW_TRACKING_URI": uri, "TRACKER_SERVER_TIMEOUT_S": "2"})
+                              env={**tracker_env(tmp), "MLFLOW_TRACKING_URI": uri, "TRACKER_SERVER_TIMEOUT_S": "2"})
         held &= done.returncode == 2 and "5150" not in done.stdout + done.stderr
-        seen.append(_seen(done))
-    return held, "; ".join(seen)
+        said.append(seen(done))
+    return held, "; ".join(said)
 
 
 def control_and_bidi_in_an_experiment_name(tmp: Path) -> tuple[bool, str]:
-    done = _tracker(tmp, "profile", str(_save(_linear_model(), tmp / "linear.onnx")), "--profile-runs", "2",
-                    "--experiment", "exp\x1b[2J\u202eevil")
+    done = run_tracker(tmp, "profile", str(save(linear_model(), tmp / "linear.onnx")), "--profile-runs", "2",
+                       "--experiment", "exp\x1b[2J\u202eevil")
     printed = done.stdout + done.stderr
     raw = "\x1b" in printed or "\u202e" in printed
     return done.returncode == 0 and not raw, f"exit {done.returncode}; raw control or bidi printed: {raw}"
 
 
 def a_negative_seed(tmp: Path) -> tuple[bool, str]:
-    done = _tracker(tmp, "profile", str(_save(_linear_model(), tmp / "linear.onnx")), "--seed", "-1")
-    return _one_line_error(done, "(CLI: --seed)"), _seen(done)
+    done = run_tracker(tmp, "profile", str(save(linear_model(), tmp / "linear.onnx")), "--seed", "-1")
+    return one_line_error(done, "(CLI: --seed)"), seen(done)
 
 
 def a_removed_working_folder(tmp: Path) -> tuple[bool, str]:
     gone = tmp / "gone"
     gone.mkdir()
     tracker = Path(sys.executable).parent / "tracker"
-    seen, held = [], True
+    said, held = [], True
     for command in (["compare", "--experiment", "e", "--study", "s"], ["upload", "."]):
         gone.mkdir(exist_ok=True)
         done = subprocess.run(["bash", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "-", str(gone),
-                               str(tracker), *command], capture_output=True, text=True, timeout=120, env=_env(tmp))
-        held &= _one_line_error(done, "the working folder was removed")
-        seen.append(f"{command[0]} {_seen(done)}")
-    return held, "; ".join(seen)
+                               str(tracker), *command], capture_output=True, text=True, timeout=120,
+                              env=tracker_env(tmp))
+        held &= one_line_error(done, "the working folder was removed")
+        said.append(f"{command[0]} {seen(done)}")
+    return held, "; ".join(said)
 
 
 def a_full_tmpdir(tmp: Path) -> tuple[bool, str]:
@@ -283,12 +293,13 @@ def a_full_tmpdir(tmp: Path) -> tuple[bool, str]:
     if why:
         return False, why
     try:
-        done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(_save(_linear_model(),
-                               tmp / "linear.onnx")), "--profile-runs", "3"], cwd=tmp, env={**_env(tmp), "TMPDIR": str(full)},
+        done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(save(linear_model(),
+                               tmp / "linear.onnx")), "--profile-runs", "3"], cwd=tmp,
+                              env={**tracker_env(tmp), "TMPDIR": str(full)},
                               capture_output=True, text=True, timeout=300)
     finally:
         _umount(full)
-    return _one_line_error(done, f"space left: {full} (the temporary folder, $TMPDIR) 0.0 MB"), _seen(done)
+    return one_line_error(done, f"space left: {full} (the temporary folder, $TMPDIR) 0.0 MB"), seen(done)
 
 
 def a_read_only_working_folder(tmp: Path) -> tuple[bool, str]:
@@ -297,24 +308,25 @@ def a_read_only_working_folder(tmp: Path) -> tuple[bool, str]:
     if why:
         return False, why
     try:
-        env = _env(tmp)
+        env = tracker_env(tmp)
         env.pop("TRACKER_OUTBOX")
-        done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(_save(_linear_model(),
+        done = subprocess.run([sys.executable, "-m", "tracker", "profile", str(save(linear_model(),
                                tmp / "linear.onnx"))], cwd=work, env=env, capture_output=True, text=True, timeout=300)
     finally:
         _umount(work)
-    return (_one_line_error(done, "cannot be written", "set $TRACKER_OUTBOX to one") and "unset" not in done.stderr,
-            _seen(done))
+    return (one_line_error(done, "cannot be written", "set $TRACKER_OUTBOX to one") and "unset" not in done.stderr,
+            seen(done))
 
 
 # Item 11: a model at the newest opset.
 
 def a_model_at_the_newest_opset(tmp: Path) -> tuple[bool, str]:
-    model = _linear_model()
+    model = linear_model()
     model.opset_import[0].version = onnx.defs.onnx_opset_version()
-    path = str(_save(model, tmp / "newest.onnx"))
-    planned = _tracker(tmp, "optimize", path, "--dry-run")
-    done = _tracker(tmp, "optimize", path, "--attempts", "int8_static_minmax,int8_static_percentile", *QUICK_OPTIMIZE)
+    path = str(save(model, tmp / "newest.onnx"))
+    planned = run_tracker(tmp, "optimize", path, "--dry-run")
+    done = run_tracker(tmp, "optimize", path, "--attempts", "int8_static_minmax,int8_static_percentile",
+                       *QUICK_OPTIMIZE)
     rows = [line for line in done.stdout.splitlines() if line.strip().startswith("int8_static")]
     note = next((line for line in planned.stdout.splitlines() if line.startswith("opset:")), "no opset line")
     ok = [line for line in rows if line.rstrip().endswith("ok")]
@@ -322,7 +334,7 @@ def a_model_at_the_newest_opset(tmp: Path) -> tuple[bool, str]:
     return held, f"exit {done.returncode}; {len(ok)} of {len(rows)} static int8 rows ok; --dry-run: {note[:110]}"
 
 
-CASES: list[tuple[str, str, Callable[[Path], tuple[bool, str]]]] = [
+CASES: list[Case] = [
     ("r3.1", "the store refuses one attempt run's ending, artifacts unwritable", a_store_refusing_one_runs_ending),
     ("r3.1", "a full 3 MB working folder on that path", a_full_working_folder),
     ("r3.2", "an upload note naming a run of another", upload_note_naming_a_foreign_run),

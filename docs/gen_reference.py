@@ -198,7 +198,7 @@ def run_contents() -> list[RunKey]:
     """Every param, metric, tag and artifact a run holds, and which runs hold it.
 
     The source today: the pinned names of the linreg study's runs (`tests/fixtures/linreg_run_names.json`,
-    kept true by tests/test_run_names.py), the study run and its attempt runs. Point this function at the run
+    kept true by tests/e2e/test_run_names.py), the study run and its attempt runs. Point this function at the run
     schema once there is one; the page and its test read only what it returns.
     """
     pinned = json.loads(PINNED_RUN_NAMES.read_text())

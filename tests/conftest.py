@@ -5,15 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
+import tempfile
 from pathlib import Path
 
 import mlflow
 import numpy as np
+import onnx
 import pytest
 from mlflow import MlflowClient
 
+from tests.models import make_linear_model
 from tracker.measure.timing.speedup import SpeedupConfig
-from tracker.optimize.add_eyelike import make_linear_model
 
 # The least interleaved timing that still gives an interval, for tests that do not check the speed-up.
 FAST_SPEEDUP = SpeedupConfig(rounds=4, seconds=0.0, round_seconds=0.0, min_pairs=3, warmup_runs=1, block_ms=0.0)
@@ -59,11 +61,17 @@ def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
 
 
-def child_env(tracking_uri: str, **extra: str) -> dict[str, str]:
-    """The environment of a child process that logs to `tracking_uri` on its own, in no run of this process."""
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, **extra}
+def child_env(tracking_uri: str | None, **extra: str) -> dict[str, str]:
+    """The environment of a child process that logs to `tracking_uri` on its own, in no run of this process; with None,
+    to the default store (./mlflow.db of its working folder) and outbox."""
+    env = {**os.environ, **extra}
     for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"):
         env.pop(name, None)
+    if tracking_uri is None:
+        for name in ("MLFLOW_TRACKING_URI", "TRACKER_OUTBOX"):
+            env.pop(name, None)
+    else:
+        env["MLFLOW_TRACKING_URI"] = tracking_uri
     return env
 
 
@@ -128,6 +136,14 @@ def model():
 
 
 @pytest.fixture
+def linear_file(tmp_path) -> Path:
+    """The same model (8 features) saved as tmp_path/linear.onnx, for a command to read."""
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(make_linear_model(n_features=8), str(path))
+    return path
+
+
+@pytest.fixture
 def feeds():
     return {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
 
@@ -145,6 +161,24 @@ def store(tmp_path, monkeypatch, tmp_path_factory):
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():
         mlflow.end_run()
+
+
+@pytest.fixture
+def store_uri(tmp_path, monkeypatch) -> str:
+    """The URI of a sqlite store in tmp_path that the commands a test runs use; the first one that opens it makes it
+    (a test of a refusal checks it was never made, or holds no run: `tests.commands.run_names`)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    return uri
+
+
+@pytest.fixture
+def temp_root(tmp_path, monkeypatch) -> Path:
+    """The folder tempfile makes work folders in, watched for leftovers."""
+    root = tmp_path / "tmp"
+    root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")

@@ -8,9 +8,9 @@ import socket
 import onnx
 import pytest
 
-from tests.test_bad_input import assert_one_line_error, run_cli
+from tests.commands import assert_one_line_error, run_cli
+from tests.models import make_linear_model
 from tracker.base.redaction import MASK, credential_query_values, protect_uri, redact, redact_uri
-from tracker.optimize.add_eyelike import make_linear_model
 
 
 @pytest.mark.parametrize(("uri", "shown"), [

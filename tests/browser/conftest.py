@@ -99,8 +99,9 @@ def server_process(store) -> LocalMlflowServer:
 def study(store, server_process) -> StudyStore:
     """A study of a tiny linear model, logged to the store: two ORT attempts, then three under the
     reference runtime (its baseline, the AddEyeLike fusion, and a fusion with a wrong kernel)."""
+    from tests.models import make_linear_model
     from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, StudySetup, TimingConfig
-    from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
+    from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike
 
     folder, uri, experiment_id = store
     config = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,

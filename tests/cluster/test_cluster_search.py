@@ -1,6 +1,6 @@
 """`Study.search` on a real Ray cluster of two node processes (`local_cluster`, in a private network namespace): the
 candidates are made and checked on the driver and screened on both nodes, each against its node's own baseline;
-the search ends with the same best as the same search here (issue 33, item 5)."""
+the search ends with the same best as the same search here."""
 
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ import mlflow
 import onnx
 import pytest
 
+from tests.models import make_linear_model
 from tracker.api import GenerationScenario, Study, StudySetup
 from tracker.cli import main
 from tracker.cluster import INSTALL_HINT, Address, ClusterError, ray_missing_message
 from tracker.cluster.address import import_ray
 from tracker.measure.generation.text_scoring import TextCheck
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.studies.own import OwnModelConfig
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
+from probe_common import npy_header  # benchmarks/probe_common.py (pytest pythonpath)
 
+from tests.models import make_linear_model, string_model
 from tracker.base.errors import FeedError
 from tracker.measure.inputs.feed_files import load_feeds
-from tracker.optimize.add_eyelike import make_linear_model
 
 HUGE = (10**12, 8)  # float32: 29.1 TiB
 
@@ -23,33 +23,6 @@ HUGE = (10**12, 8)  # float32: 29.1 TiB
 def linear() -> onnx.ModelProto:
     """Y = X @ A + B, X: float32 [N, 8]."""
     return make_linear_model(n_features=8)
-
-
-def string_model() -> onnx.ModelProto:
-    """color: string [N] -> color_id (LabelEncoder to int64) and color_fr (LabelEncoder to strings)."""
-    words = ["red", "green", "blue"]
-    nodes = [
-        helper.make_node("LabelEncoder", ["color"], ["color_id"], name="encode", domain="ai.onnx.ml",
-                         keys_strings=words, values_int64s=[0, 1, 2], default_int64=-1),
-        helper.make_node("LabelEncoder", ["color"], ["color_fr"], name="translate", domain="ai.onnx.ml",
-                         keys_strings=words, values_strings=["rouge", "vert", "bleu"], default_string="?"),
-    ]
-    graph = helper.make_graph(
-        nodes, "strings", [helper.make_tensor_value_info("color", TensorProto.STRING, ["N"])],
-        [helper.make_tensor_value_info("color_id", TensorProto.INT64, ["N"]),
-         helper.make_tensor_value_info("color_fr", TensorProto.STRING, ["N"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.onnx.ml", 2)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
-
-
-def npy_header(shape: tuple[int, ...], descr: str = "<f4", body: bytes = b"") -> bytes:
-    """A .npy that declares `shape` and `descr` and holds only `body` (a header that lies about the data)."""
-    import io
-
-    buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buffer, {"descr": descr, "fortran_order": False, "shape": shape})
-    return buffer.getvalue() + body
 
 
 def write_npz(path: pathlib.Path, members: dict[str, bytes | np.ndarray]) -> None:

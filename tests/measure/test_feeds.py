@@ -1,4 +1,6 @@
-"""Tests of tracker.measure.inputs.feeds: seeded feeds from a model's signature, and checking feeds against it."""
+"""Tests of tracker.measure.inputs.feeds: seeded feeds from a model's signature, and checking feeds against it; the
+commands refuse feeds that cannot be made (too large for memory, a static size of 0, a negative seed) with one line,
+before any run."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.commands import assert_one_line_error, run_cli, run_names
+from tests.models import make_linear_model
 from tracker.base.errors import FeedError
 from tracker.measure.inputs.feed_checks import check_feeds, check_indices
 from tracker.measure.inputs.feed_files import load_feeds
@@ -26,7 +30,6 @@ from tracker.measure.inputs.model_inputs import (
     input_specs,
     symbolic_dims,
 )
-from tracker.optimize.add_eyelike import make_linear_model
 
 
 @pytest.fixture(scope="module")
@@ -622,3 +625,32 @@ def test_a_static_past_of_zero_is_a_decoders_first_step_and_stays_allowed():
 def test_a_seed_that_numpy_cannot_take_is_a_feed_error_naming_the_option(model, seed):
     with pytest.raises(FeedError, match=rf"the feeds' seed must be an integer >= 0 .*got {seed!r} \(CLI: --seed\)"):
         make_feeds(model, seed=seed)
+
+
+@pytest.mark.parametrize("command", ["inspect", "profile"])
+def test_feeds_too_large_for_memory_are_refused_before_allocating(store_uri, tmp_path, capsys, command):
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(make_linear_model(n_features=8), str(path))
+    code, _, err = run_cli(capsys, command, str(path), "--dim", "N=99999999999")
+    assert_one_line_error(code, err, "would take 2.9 TiB", "X: float32[99999999999, 8]", "more than the limit of",
+                          "a quarter of the memory available now", "--dim")
+    assert run_names(store_uri) == []
+
+
+def test_a_negative_seed_is_a_one_line_error_naming_the_option(store_uri, linear_file, capsys):
+    for command in ("profile", "optimize"):
+        code, _, err = run_cli(capsys, command, str(linear_file), "--dim", "N=2", "--seed", "-1")
+        assert_one_line_error(code, err, "the feeds' seed must be an integer >= 0", "got -1 (CLI: --seed)")
+    assert run_names(store_uri) == []
+
+
+def test_a_models_own_static_zero_is_refused_like_a_dim_of_zero(store_uri, tmp_path, capsys):
+    x = onnx.helper.make_tensor_value_info("features", onnx.TensorProto.FLOAT, [0, 4])
+    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [0, 4])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", ["features"], ["y"])], "g", [x], [y])
+    path = tmp_path / "empty.onnx"
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(path))
+    for args in (["optimize", str(path), "--dry-run"], ["profile", str(path)]):
+        code, _, err = run_cli(capsys, *args)
+        assert_one_line_error(code, err, "input 'features' declares axis 0 of size 0", "expected a size of at least 1")
+    assert run_names(store_uri) == []

@@ -5,8 +5,9 @@ from __future__ import annotations
 import onnx
 import pytest
 
+from tests.models import make_linear_model
 from tracker.measure.graph_stats import ATTEMPT_COUNT, BASELINE_COUNT, DELTA, OP_TYPE, diff_graphs, graph_stats
-from tracker.optimize.add_eyelike import DOMAIN, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import DOMAIN, fuse_add_eyelike
 
 N_FEATURES = 100
 INITIALIZER_BYTES = (N_FEATURES * N_FEATURES + N_FEATURES) * 4  # A [100, 100] and B [1, 100], float32

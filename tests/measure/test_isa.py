@@ -1,4 +1,4 @@
-"""The CPU's instruction sets (issue 33, item 1): read from the CPU's flags, logged on the study run
+"""The CPU's instruction sets: read from the CPU's flags, logged on the study run
 (`machine.isa.*`) and on each attempt (`env.isa`), and printed by `--dry-run`."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
+from tests.models import make_linear_model
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.cli import main
 from tracker.measure.environment import ISA_FLAGS, fingerprint, isa
-from tracker.optimize.add_eyelike import make_linear_model
 
 
 @pytest.mark.parametrize("flags, expected", [

@@ -1,6 +1,6 @@
-"""Outputs the diff must judge although they are not plain finite tensors: NaN or inf carried from the feeds
-(issue 22, item 10), a scikit-learn classifier's ZipMap probabilities (a sequence of maps) and a sequence of
-tensors (item 13). Real skl2onnx models run in real onnxruntime sessions."""
+"""Outputs the diff must judge although they are not plain finite tensors: NaN or inf carried from the feeds, a
+scikit-learn classifier's ZipMap probabilities (a sequence of maps) and a sequence of tensors. Real
+skl2onnx models run in real onnxruntime sessions."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.conftest import FAST_SPEEDUP
+from tests.models import make_linear_model
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.measure.accuracy.output_diff import EXACT, FP32, compare_outputs
 from tracker.measure.accuracy.output_values import output_parts
 from tracker.measure.accuracy.task_diff import CLASSIFICATION_TOLERANCES, task_tolerances
 from tracker.measure.inputs.feeds_description import describe_feeds
-from tracker.optimize.add_eyelike import make_linear_model
 
 FAST = MeasureConfig(profile_runs=2, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3,
                                                                                min_seconds=0.0))

@@ -1,14 +1,18 @@
-"""Tests of tracker.measure.runtimes.reference_runtime on a real in-memory model (EyeLike, Add, MatMul, Add)."""
+"""Tests of tracker.measure.runtimes.reference_runtime on a real in-memory model (EyeLike, Add, MatMul, Add), and
+`tracker inspect` naming an op it has no kernel for."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pandas as pd
 import pytest
 from onnx import numpy_helper
 
+from tests.commands import assert_one_line_error, run_cli
+from tests.models import custom_op_model, make_linear_model
 from tracker.base.errors import FeedError
 from tracker.measure.runtimes.reference_runtime import (
     evaluate_node,
@@ -18,7 +22,7 @@ from tracker.measure.runtimes.reference_runtime import (
     trace_reference,
 )
 from tracker.measure.timing.latency import TimingConfig
-from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike
 from tracker.profile import columns as C
 from tracker.profile.parse import parse_profile
 
@@ -154,3 +158,11 @@ def test_feeds_that_do_not_match_the_inputs_raise_feed_error(model, bad_feeds):
         profile_reference(model, bad_feeds, runs=1)
     with pytest.raises(FeedError):
         evaluate_node(model, "matmul", bad_feeds)
+
+
+def test_inspect_of_a_custom_domain_op_names_it_and_what_the_reference_runtime_runs(tmp_path, capsys):
+    path = tmp_path / "custom.onnx"
+    onnx.save_model(custom_op_model(), str(path))
+    code, _, err = run_cli(capsys, "inspect", str(path))
+    assert_one_line_error(code, err, "reference runtime", "no kernel for op 'Foo' of domain 'my.domain' (node 'foo')",
+                          "'ai.onnx.ml'", "local functions (none)", "new_ops (none)")

@@ -76,7 +76,7 @@ def test_a_session_without_weights_holds_next_to_nothing_even_as_the_first_of_it
 import json, numpy as np
 from tracker.measure.attempt import Attempt, MeasureConfig, measure_attempt
 from tracker.measure.timing.latency import TimingConfig
-from tracker.optimize.add_eyelike import make_linear_model
+from tracker.studies.fusion import make_linear_model
 config = MeasureConfig(profile_runs=1, skip_runs=0, timing=TimingConfig(warmup_runs=0, min_runs=1, min_seconds=0.0),
                        trace_levels=())
 feeds = {{"X": np.ones((2, 8), dtype=np.float32)}}

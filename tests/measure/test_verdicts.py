@@ -38,7 +38,7 @@ def _linreg() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
 
 def _fusion() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    from tracker.optimize.add_eyelike import make_linear_model
+    from tests.models import make_linear_model
 
     feeds = {"X": np.random.default_rng(0).standard_normal((4, 100)).astype(np.float32)}
     return make_linear_model(n_features=100), feeds

@@ -10,10 +10,10 @@ import numpy as np
 import onnx
 import pytest
 
+from tests.models import make_linear_model
 from tracker.measure.accuracy.lm_diff import LOGITS_TOLERANCES
 from tracker.measure.accuracy.output_diff import TOLERANCES
 from tracker.optimize import Candidate, Context, ModelInfo, apply
-from tracker.optimize.add_eyelike import make_linear_model
 
 N_LAYER, N_HEAD, N_EMBD, VOCAB = 2, 4, 64, 1000
 INFO = ModelInfo(num_heads=N_HEAD, hidden_size=N_EMBD)

@@ -7,13 +7,13 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from tests.models import make_linear_model
 from tracker.measure.runtimes.reference_runtime import run_reference
 from tracker.optimize.add_eyelike import (
     DOMAIN,
     WRONG_ADD_EYELIKE,
     AddEyeLike,
     fuse_add_eyelike,
-    make_linear_model,
 )
 
 

@@ -1,5 +1,5 @@
-"""A model at an opset past what the installed ONNX Runtime implements for the ops an entry inserts (issue 35, item
-11): the entry runs on a converted copy, or says why not before making anything, in `--dry-run` too."""
+"""A model at an opset past what the installed ONNX Runtime implements for the ops an entry inserts: the entry runs on
+a converted copy, or says why not before making anything, in `--dry-run` too."""
 
 from __future__ import annotations
 

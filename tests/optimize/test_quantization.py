@@ -12,10 +12,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from tests.models import make_linear_model
 from tests.optimize.conftest import make_mlp
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import REGISTRY, Context, apply
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.optimize.base import float_weights
 from tracker.optimize.quantize.int4 import _quiet_quantizer
 from tracker.optimize.quantize.int8_static import calibration_samples, model_bytes

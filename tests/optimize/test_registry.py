@@ -9,12 +9,12 @@ from dataclasses import replace
 import onnx
 import pytest
 
+from tests.models import make_linear_model
 from tests.optimize.conftest import SMALL_MODELS
 from tracker.measure.attempt import Attempt
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.runtimes.runtime import get_runtime
 from tracker.optimize import KINDS, REGISTRY, Context, EntryError, applicable, apply, get_entry
-from tracker.optimize.add_eyelike import make_linear_model
 
 CASES = [pytest.param(name, runtime, id=f"{name}-{runtime}")
          for name, entry in REGISTRY.items() for runtime in entry.runtimes]

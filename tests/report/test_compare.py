@@ -1,4 +1,5 @@
-"""`tracker compare` against a real sqlite MLflow store: the table, the report, and the --require gate."""
+"""`tracker compare` against a real sqlite MLflow store: the table, the report, the --require gate, and a report path
+that cannot be written refused before any run is read."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import numpy as np
 import pytest
 from mlflow import MlflowClient
 
+from tests.commands import assert_one_line_error, run_cli
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
+from tests.models import make_linear_model
 from tracker import EXACT, MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, fuse_add_eyelike
 
 # Nearly every test reads the module's study (`store`), which takes tens of seconds to log.
 pytestmark = pytest.mark.slow
@@ -209,3 +212,11 @@ def test_a_run_id_with_another_choice_of_runs_is_refused(capsys):
         main(["compare", "0123456789abcdef", "--run-ids", "fedcba9876543210"])
     assert exit_.value.code == 2
     assert "argument --run-ids: not allowed with argument RUN_ID" in capsys.readouterr().err
+
+
+def test_compare_html_where_no_folder_can_be_made_fails_before_reading_runs(store_uri, tmp_path, capsys):
+    (tmp_path / "results").write_text("a file, where the report wants a folder")
+    path = tmp_path / "results" / "report.html"
+    code, _, err = run_cli(capsys, "compare", "--run-ids", "0123456789abcdef", "--html", str(path))
+    assert_one_line_error(code, err, repr(str(path)), f"{str(tmp_path / 'results')!r} is a file, not a folder")
+    assert not (tmp_path / "mlflow.db").exists()  # the store was not opened

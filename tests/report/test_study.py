@@ -11,8 +11,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
+from tests.models import make_linear_model
 from tracker import EXACT, FP32, MeasureConfig, SessionConfig, Study, TimingConfig
-from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike, make_linear_model
+from tracker.optimize.add_eyelike import WRONG_ADD_EYELIKE, AddEyeLike, fuse_add_eyelike
 from tracker.profile import columns as C
 from tracker.report.rows import (
     ATTEMPT,

@@ -1,4 +1,4 @@
-"""The search cache (issue 33, item 4), on real sessions and a real sqlite store: a second search of the same model
+"""The search cache, on real sessions and a real sqlite store: a second search of the same model
 reuses every check and screen and says so; one weight changed is a miss; a corrupted entry is ignored with a warning;
 a folder that cannot be written leaves the search without a cache; `--fresh` needs `--search`; `tracker cache clear`
 empties it."""

@@ -1,4 +1,4 @@
-"""The decode search (issue 33, item 6): a causal LM's decode chains searched for the fastest decode step at the
+"""The decode search: a causal LM's decode chains searched for the fastest decode step at the
 scenario's past that passes the generation check, on the tiny GPT-2's decode-ready export and real sessions."""
 
 from __future__ import annotations

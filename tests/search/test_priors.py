@@ -1,4 +1,4 @@
-"""The search's order before anything is timed (issue 33, item 1): each family by its expected speed-up on this
+"""The search's order before anything is timed: each family by its expected speed-up on this
 machine's instruction sets and this model's op mix, from `priors.toml`; the log says why."""
 
 from __future__ import annotations

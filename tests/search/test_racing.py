@@ -1,4 +1,4 @@
-"""Racing (issue 33, item 2): a candidate's speed screen stops as soon as it cannot win (its upper bound below the
+"""Racing: a candidate's speed screen stops as soon as it cannot win (its upper bound below the
 baseline or the leader's lower bound), on real sessions; a candidate as fast as the baseline (an A/A) is never
 dropped against the baseline."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -89,3 +90,15 @@ def server_client(tracking_server, monkeypatch, tmp_path):
     else:
         os.environ["MLFLOW_EXPERIMENT_ID"] = previous_experiment
 
+
+def wait_for_export(lines: list[str], proc: subprocess.Popen, *, timeout_s: float) -> str:
+    """The URI the server script `proc` prints to export (its output read into `lines` by a thread), within
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(lines):
+            if "export MLFLOW_TRACKING_URI=" in line:
+                return line.split("=", 1)[1].strip()
+        assert proc.poll() is None, "".join(lines)
+        time.sleep(0.1)
+    raise AssertionError("no MLFLOW_TRACKING_URI printed:\n" + "".join(lines))

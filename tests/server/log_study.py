@@ -18,7 +18,7 @@ import numpy as np
 import tracker
 import tracker.api  # noqa: F401  (MLflow's import time must not stagger the start)
 from tracker.measure.timing.speedup import SpeedupConfig
-from tracker.optimize.add_eyelike import make_linear_model
+from tracker.studies.fusion import make_linear_model
 
 FAST = tracker.MeasureConfig(profile_runs=3,
                              speedup=SpeedupConfig(rounds=4, seconds=0, round_seconds=0, min_pairs=3, block_ms=0),

@@ -1,9 +1,9 @@
 """`python -m tracker.server` against what is not its own: a pid file naming another process, a garbled or
-stale pid file, a port another service holds, a port out of range (issue 22, items 7 and 8)."""
+stale pid file, a port another service holds, a port out of range; and, without the `server` extra, one line saying
+which to install."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import signal
@@ -13,8 +13,10 @@ import threading
 import time
 from pathlib import Path
 
+import probe_common  # benchmarks/probe_common.py (pytest pythonpath)
 import pytest
 
+from tests.server.conftest import wait_for_export
 from tracker.server import LocalMlflowServer, LocalServerError, free_port, health_ok
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,31 +31,15 @@ def _script(*args: str, timeout_s: float = 20) -> subprocess.CompletedProcess:
 @pytest.fixture
 def bystander():
     """An unrelated process (what a reused or a made-up pid names)."""
-    proc = subprocess.Popen(["sleep", "120"], stdin=subprocess.DEVNULL)
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b"OK")
-
-    def log_message(self, *args):
-        pass
+    with probe_common.bystander() as proc:
+        yield proc
 
 
 @pytest.fixture
 def foreign_service():
-    """Another HTTP service on 127.0.0.1 that answers /health with 200, as an MLflow server would."""
-    service = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=service.serve_forever, daemon=True)
-    thread.start()
-    yield service.server_address[1]
-    service.shutdown()
-    service.server_close()
+    """Another HTTP service on 127.0.0.1 that answers /health with 200, as an MLflow server would; its port."""
+    with probe_common.foreign_service() as port:
+        yield port
 
 
 def _one_error_line(done: subprocess.CompletedProcess) -> str:
@@ -154,16 +140,12 @@ def test_the_mlflow_server_does_not_take_a_service_that_grabbed_its_port_during_
     port = free_port()
     server = LocalMlflowServer(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "artifacts", port=port)
     server.start(wait=False)
-    service = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Health)
-    threading.Thread(target=service.serve_forever, daemon=True).start()
     try:
-        with pytest.raises(LocalServerError, match="in use"):
+        with probe_common.foreign_service(port), pytest.raises(LocalServerError, match="in use"):
             server.wait_healthy(60)
         assert not server.running
     finally:
         server.kill()
-        service.shutdown()
-        service.server_close()
 
 
 # With PostgreSQL: the whole cycle, through the pid file the script writes.
@@ -179,7 +161,7 @@ def test_start_over_a_stale_pid_file_then_stop_dir_stops_exactly_that_server(ser
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        uri = _wait_for_export(lines, proc, timeout_s=180)
+        uri = wait_for_export(lines, proc, timeout_s=180)
         assert health_ok(uri)
         again = _script("start", "--dir", str(folder))
         assert again.returncode == 2 and "already running" in _one_error_line(again), again.stderr
@@ -208,7 +190,7 @@ def test_a_temporary_server_that_dies_keeps_the_log_it_points_at(server_folder):
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
     reader.start()
     try:
-        _wait_for_export(lines, proc, timeout_s=180)
+        wait_for_export(lines, proc, timeout_s=180)
         (folder,) = server_folder.glob("tracker-server-*")
         os.killpg(_mlflow_child(proc.pid), signal.SIGKILL)  # the server crashes, with its workers
         assert proc.wait(120) == 1, "".join(lines)
@@ -231,12 +213,14 @@ def _mlflow_child(pid: int) -> int:
     return child.pid
 
 
-def _wait_for_export(lines: list[str], proc: subprocess.Popen, *, timeout_s: float) -> str:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for line in list(lines):
-            if "export MLFLOW_TRACKING_URI=" in line:
-                return line.split("=", 1)[1].strip()
-        assert proc.poll() is None, "".join(lines)
-        time.sleep(0.1)
-    raise AssertionError("no MLFLOW_TRACKING_URI printed:\n" + "".join(lines))
+def test_the_server_wrapper_without_psycopg2_says_which_extra_to_install_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    from tracker.server.__main__ import main as server_main
+
+    monkeypatch.setitem(sys.modules, "psycopg2", None)  # what an environment without the `server` extra has
+    assert server_main(["--dir", str(tmp_path / "server")]) == 2
+    err = capsys.readouterr().err
+    assert "psycopg2" in err and "pip install 'onnx-optimization-tracker[server]'" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "server" / "postgres").exists(), "PostgreSQL was started anyway"

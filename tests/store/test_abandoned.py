@@ -1,4 +1,4 @@
-"""Runs and work folders a SIGKILL leaves (issue 35, item 4): the next study in the experiment, `tracker compare` and
+"""Runs and work folders a SIGKILL leaves: the next study in the experiment, `tracker compare` and
 `tracker upload` end KILLED the RUNNING runs of a process gone from this host, leave other hosts' and live processes'
 runs alone, compare says the study did not finish, and the next study removes the dead process's work folder."""
 
@@ -17,11 +17,11 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, use_sqlite_store
+from tests.models import make_linear_model
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.base.files import WORK_MARKER, make_work_folder, process_gone, this_process
 from tracker.base.keys import TAG_HOST, TAG_KILLED, TAG_PID, TAG_PID_STARTED
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.store.abandoned import end_abandoned_in
 from tracker.upload import upload_outbox
 

@@ -1,4 +1,4 @@
-"""Every attempt's logged model carries its figures (issue 36, item 1): the latency, the calibrated speed-up and its
+"""Every attempt's logged model carries its figures: the latency, the calibrated speed-up and its
 interval, the accuracy check, size and nodes are linked to the model (MLflow 3's `model_id`), so the experiment's
 Models tab compares them; the verdict is a tag of the model, and the study's best model is marked. Read back from a
 real sqlite store."""

@@ -1,5 +1,5 @@
-"""Logging faults, round two: a refusal is not an outage, one bad record blocks nothing, an upload is idempotent
-and locked, and a measurement always finds a place (issue 22, items 1-4)."""
+"""Logging faults: a refusal is not an outage, one bad record blocks nothing, an upload is idempotent
+and locked, and a measurement always finds a place."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ from mlflow.entities import ViewType
 from onnx import TensorProto, helper
 
 from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
+from tests.models import make_linear_model
 from tracker import MeasureConfig, Study, TimingConfig, upload
 from tracker.base.keys import TAG_NOT_LOGGED
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import RECORD_FILE, AttemptRecord, find_records, save_record
 from tracker.store import kept_runs
 
@@ -251,3 +251,26 @@ def test_an_outbox_in_the_working_folder_that_cannot_be_used_does_not_say_to_uns
     assert code == 2 and f"error: the outbox {tmp_path / 'tracker-outbox'} is not a folder" in err
     assert "$TRACKER_OUTBOX" in err and "unset" not in err, "the variable is not set: there is nothing to unset"
     assert "set $TRACKER_OUTBOX to one" in err
+
+
+@pytest.mark.slow
+def test_profile_exits_2_and_names_the_outbox_when_the_store_refuses_the_run(tmp_path, monkeypatch, capsys):
+    db = tmp_path / "mlflow.db"
+    mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # a real store, readable ...
+    with sqlite3.connect(db) as connection:  # ... that refuses every new run
+        connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON runs BEGIN SELECT RAISE(ABORT, 'no room'); END")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{db}")
+    monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
+    model_path = tmp_path / "model.onnx"
+    onnx.save(make_linear_model(n_features=8), model_path)
+
+    code = main(["profile", str(model_path), "--dim", "N=2", "--profile-runs", "3", "--min-seconds", "0", "--name", "kept"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "run None" not in captured.out
+    kept = tmp_path / "outbox" / "attempts-no-parent" / "kept"
+    assert (kept / "record.json").is_file(), "the measurement is kept"
+    # The store answers: a refusal, said as one, not an outage to wait out.
+    assert f"the tracking store refused the run of attempt kept (IntegrityError: no room); it is kept in {kept}" \
+        in captured.err
+    assert "once the tracking store answers" not in captured.err

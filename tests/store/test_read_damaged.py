@@ -11,9 +11,9 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
+from tests.models import make_linear_model
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP, timing=TimingConfig(warmup_runs=1, min_runs=3,
                                                                                min_seconds=0.0), trace_levels=(1,))

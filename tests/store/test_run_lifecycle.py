@@ -1,4 +1,4 @@
-"""The project owns its runs' lifecycle (issue 35, item 1): a run whose ending the store refuses leaves this process's
+"""The project owns its runs' lifecycle: a run whose ending the store refuses leaves this process's
 run stack alone, the study keeps its own run, and what the outbox cannot take (a full disk) lands in one emergency
 folder, the folder that failed named."""
 
@@ -17,11 +17,11 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, use_sqlite_store
+from tests.models import make_linear_model
 from tracker import MeasureConfig, Study, TimingConfig
 from tracker.base.files import no_space_note
 from tracker.base.keys import TAG_BEST, TAG_ROLE
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import RECORD_FILE, SUMMARY_FILE
 
 # Each test logs whole attempts.

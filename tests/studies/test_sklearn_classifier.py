@@ -1,4 +1,4 @@
-"""`tracker optimize` on what users bring and what it must say about it (issue 22): a scikit-learn classifier
+"""`tracker optimize` on what users bring and what it must say about it: a scikit-learn classifier
 converted with skl2onnx's defaults (ZipMap probabilities: a sequence of maps), and studies with nothing to judge
 (the baseline failed, or every attempt did), which must exit 1 with a one-line reason."""
 

@@ -1,5 +1,5 @@
-"""The textbook fusion EyeLike + Add -> AddEyeLike (a custom op), its registry entry, and a small model that has
-the pattern."""
+"""The textbook fusion EyeLike + Add -> AddEyeLike (a custom op) and its registry entry. The fusion study's model
+(`tracker.studies.fusion.make_linear_model`) has the pattern."""
 
 from __future__ import annotations
 
@@ -13,48 +13,13 @@ from onnx import helper
 from onnx.reference.op_run import OpRun
 
 from tracker.base.vocabulary import Kind
-from tracker.optimize.base import Candidate, Context, made_by
+from tracker.optimize.base import Candidate, Context, ir_graph, made_by
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import prepare_output, save_proto
 
 DOMAIN = "tracker.fusions"
 OPSET_VERSION = 1
 OP_TYPE = "AddEyeLike"
-
-
-def make_linear_model(*, n_features: int = 100, seed: int = 0, opset: int = 18) -> onnx.ModelProto:
-    """Builds Y = Add(MatMul(X, Add(A, EyeLike(A))), B), a linear layer whose weight is A + I.
-
-    Args:
-        n_features: size of the square weight A (n x n) and of the bias B (1 x n).
-        seed: seed of the random normal values of A and B (both scaled by 1/10).
-        opset: version of the default ONNX domain.
-
-    Returns:
-        A model with input X float [N, n] (symbolic batch "N") and output Y float [N, n], whose nodes
-        are named "eye", "add_eye", "matmul" and "add_bias".
-    """
-    if n_features < 1:
-        raise ValueError(f"n_features must be >= 1, got {n_features}")
-    rng = np.random.default_rng(seed)
-    a = (rng.standard_normal((n_features, n_features)) / 10).astype(np.float32)
-    b = (rng.standard_normal((1, n_features)) / 10).astype(np.float32)
-    nodes = [
-        helper.make_node("EyeLike", ["A"], ["I"], name="eye"),
-        helper.make_node("Add", ["A", "I"], ["W"], name="add_eye"),
-        helper.make_node("MatMul", ["X", "W"], ["XW"], name="matmul"),
-        helper.make_node("Add", ["XW", "B"], ["Y"], name="add_bias"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "linear_add_eyelike",
-        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, ["N", n_features])],
-        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, ["N", n_features])],
-        initializer=[onnx.numpy_helper.from_array(a, "A"), onnx.numpy_helper.from_array(b, "B")],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
 
 
 @dataclass(frozen=True)
@@ -186,8 +151,10 @@ def add_eyelike(source: Path, target_dir: Path, context: Context) -> Candidate:
 
 def has_eyelike_add(model: onnx.ModelProto, context: Context) -> str | None:
     """Models with an EyeLike whose output is added to its own input."""
-    if any(n.op_type == "Add" and len(n.inputs) == 2 and _eyelike_of_other_operand(n) is not None
-           for n in ir.from_proto(model).graph):
+    graph = ir_graph(model)
+    if graph is None:
+        return "onnx-ir cannot read the graph (a map or sequence type), so its EyeLike+Add pairs cannot be found"
+    if any(n.op_type == "Add" and len(n.inputs) == 2 and _eyelike_of_other_operand(n) is not None for n in graph):
         return None
     return "no EyeLike(A) added to A in the graph"
 

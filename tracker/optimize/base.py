@@ -18,7 +18,8 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
-from tracker.optimize.model_info import made_by as made_by  # the rewrites' graph queries are all here
+from tracker.optimize.model_info import ir_graph as ir_graph  # the rewrites' graph queries are all here
+from tracker.optimize.model_info import made_by as made_by
 
 if TYPE_CHECKING:
     from tracker.measure.runtimes.ort_runtime import SessionConfig
@@ -198,7 +199,10 @@ def rewrite_in_ir(model: onnx.ModelProto, *passes: ir.passes.PassBase) -> bool:
     """Runs `passes` on `model` as onnx-ir sees it, then onnx-ir's removal of what no output needs any more (the
     nodes a rewrite left, the decoder's own causal mask once no attention reads it, the weights only they read); writes
     the result back into `model` when a pass changed it. Returns whether one did."""
-    graph = ir.from_proto(model)
+    try:
+        graph = ir.from_proto(model)
+    except (ir.serde.SerdeError, NotImplementedError):  # a map or sequence type (`model_info.ir_graph`): no rewrite
+        return False
     if not ir.passes.Sequential(*passes)(graph).modified:
         return False
     RemoveUnusedNodesPass()(graph)

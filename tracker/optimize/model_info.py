@@ -249,11 +249,11 @@ class _Graph:
     dims survive when the values were dropped: `load_graph`), for the detectors above."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        graph = ir.from_proto(model).graph
-        self.nodes = list(graph)
+        graph = ir_graph(model)
+        self.nodes = list(graph) if graph is not None else []  # a graph onnx-ir cannot read has no transformer block
         self.initializers = {t.name: t for t in model.graph.initializer}
-        self.input_names = [v.name or "" for v in graph.inputs if v.name not in self.initializers]
-        self.output_names = [v.name or "" for v in graph.outputs]
+        self.input_names = [i.name for i in model.graph.input if i.name not in self.initializers]
+        self.output_names = [o.name for o in model.graph.output]
 
     def layer_norm_widths(self) -> list[int]:
         """Widths of every norm's scale: LayerNormalization and its fused forms, and RMSNorms (`rms_norm_widths`)."""
@@ -370,6 +370,15 @@ class _Graph:
         if size and not (tensor.raw_data or tensor.int64_data):
             return None
         return [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
+
+
+def ir_graph(model: onnx.ModelProto) -> ir.Graph | None:
+    """`model`'s main graph as onnx-ir reads it; None for one it cannot read (a map or a sequence type, as skl2onnx's
+    ZipMap of a classifier's probabilities)."""
+    try:
+        return ir.from_proto(model).graph
+    except (ir.serde.SerdeError, NotImplementedError):
+        return None
 
 
 def made_by(value: ir.Value | None, op_type: str) -> ir.Node | None:

@@ -8,8 +8,11 @@ to its attempts, a record to the run it is uploaded into.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 
 import mlflow
 from mlflow.entities import Run
@@ -24,6 +27,9 @@ from tracker.store.connect import ensure_reachable
 logger = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT = "Default"  # MLflow's own, made with every store
+# The study run open in this context (this project's own scope, not MLflow's run stack): a study started inside it
+# nests under it by its id.
+_OPEN_STUDY_RUN: ContextVar[Run | None] = ContextVar("tracker_open_study_run", default=None)
 
 
 def experiment_id_for(name: str | None) -> str:
@@ -44,7 +50,9 @@ def experiment_id_for(name: str | None) -> str:
         return "0"  # the default experiment's id in every MLflow store
     if found is None:
         try:
-            return client.create_experiment(name)
+            made = client.create_experiment(name)
+            logger.info("experiment %s did not exist: made it (id %s)", name, made)
+            return made
         except MlflowException:
             found = client.get_experiment_by_name(name)
             if found is None:
@@ -56,13 +64,34 @@ def experiment_id_for(name: str | None) -> str:
 
 
 def enclosing_run() -> Run | None:
-    """The run this process works inside, read once where the work enters: the one `mlflow run` started for it
-    ($MLFLOW_RUN_ID), or the caller's own active run; None outside any."""
+    """The run this process works inside, read once where the work enters: the study run open around it
+    (`open_study_run`: `main`'s, around each of its studies), the one `mlflow run` started for it ($MLFLOW_RUN_ID), or
+    the caller's own active run; None outside any."""
+    opened = _OPEN_STUDY_RUN.get()
+    if opened is not None:
+        return opened
     run_id = os.environ.get("MLFLOW_RUN_ID")
     if not run_id:
         active = mlflow.active_run()
         run_id = active.info.run_id if active is not None else None
     return mlflow.MlflowClient().get_run(run_id) if run_id else None
+
+
+@contextlib.contextmanager
+def open_study_run(run: Run) -> Iterator[Run]:
+    """`run` as the enclosing run of what starts inside the block (`enclosing_run`)."""
+    token = _OPEN_STUDY_RUN.set(run)
+    try:
+        yield run
+    finally:
+        _OPEN_STUDY_RUN.reset(token)
+
+
+def attaches_to_mlflow_run(enclosing: Run | None) -> bool:
+    """Whether a study run started now is `enclosing` itself: the run `mlflow run` started for this process, with no
+    study run of this process open around it."""
+    return (enclosing is not None and _OPEN_STUDY_RUN.get() is None
+            and os.environ.get("MLFLOW_RUN_ID") == enclosing.info.run_id)
 
 
 def inside_run() -> bool:

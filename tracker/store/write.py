@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 import traceback
 from collections.abc import Iterator, Mapping, Sequence
@@ -54,7 +53,15 @@ from tracker.store.model_and_feeds import (
     model_figures,
     tensor_signature,
 )
-from tracker.store.runs import create_run, enclosing_run, end_run, end_run_quietly, experiment_id_for
+from tracker.store.runs import (
+    attaches_to_mlflow_run,
+    create_run,
+    enclosing_run,
+    end_run,
+    end_run_quietly,
+    experiment_id_for,
+    open_study_run,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +87,8 @@ def study_run(
         abandoned.end_abandoned_in([run.info.experiment_id], by=f"study {study}")
         if _on_server():  # its runs can be watched there while the study runs
             logger.info("study %s: view it at %s", study, run_link(run))
-        yield run
+        with open_study_run(run):
+            yield run
     except BaseException:
         if run is not None:
             end_run_quietly(run.info.run_id, "FAILED")
@@ -93,7 +101,8 @@ def study_run(
 
 def _open_study_run(study: str, experiment: str | None) -> Run:
     enclosing = enclosing_run()
-    if enclosing is not None and os.environ.get("MLFLOW_RUN_ID") == enclosing.info.run_id:  # `mlflow run`'s own
+    if attaches_to_mlflow_run(enclosing):  # `mlflow run`'s own
+        assert enclosing is not None
         mlflow.MlflowClient().update_run(enclosing.info.run_id, status="RUNNING", name=study)
         return enclosing
     if enclosing is not None:

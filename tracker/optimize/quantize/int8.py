@@ -7,10 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
-import onnx_ir as ir
 
 from tracker.base.vocabulary import Kind
-from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights
+from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights, ir_graph
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output
 from tracker.optimize.quantize.lm_head import lm_head_params
@@ -118,7 +117,7 @@ class Int8Dynamic(Entry):
 def transposed_weights(model: onnx.ModelProto) -> int:
     """How many MatMul/Gemm nodes read their weight (input 1) through a Transpose of an initializer."""
     count = 0
-    for node in ir.from_proto(model).graph:
+    for node in ir_graph(model) or ():  # a graph onnx-ir cannot read (a ZipMap) has no tied lm_head
         if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
             continue
         weight = node.inputs[1].producer()

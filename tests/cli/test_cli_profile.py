@@ -9,8 +9,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.conftest import use_sqlite_store
+from tests.models import make_linear_model
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 
 
 @pytest.mark.slow

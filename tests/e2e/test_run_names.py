@@ -1,8 +1,8 @@
 """The names a study's runs carry (metrics, params, tags, artifacts) are pinned: a refactor must not change
 what the MLflow UI and the users' queries see.
 
-`tests/fixtures/linreg_run_names.json` was written from the linreg study before the layout change (issue
-11). To pin a deliberate change of names, run this test with `PIN_RUN_NAMES=write` and commit the file.
+`tests/fixtures/linreg_run_names.json` was written from the linreg study before the layout change. To pin a
+deliberate change of names, run this test with `PIN_RUN_NAMES=write` and commit the file.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from tests.conftest import child_env
 # The study runs as `python -m experiments.linreg` in a child process.
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-PINNED = Path(__file__).parent / "fixtures" / "linreg_run_names.json"
+ROOT = Path(__file__).resolve().parents[2]
+PINNED = Path(__file__).parents[1] / "fixtures" / "linreg_run_names.json"
 # Present only on some runs, by design: a disturbed measurement, where the code was run from.
 _VARIABLE = re.compile(r"^(measure\.other_load\.|tracker\.disturbed$|mlflow\.source\.git\.|mlflow\.gitRepoURL$)")
 

@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from tests.conftest import new_sqlite_store
+from tests.models import string_model
 from tracker.api import log_attempt
 from tracker.cli import main
 from tracker.measure.accuracy.output_diff import FP32
@@ -23,23 +24,6 @@ from tracker.measure.timing.latency import TimingConfig
 
 WORDS = ["red", "green", "blue"]
 QUICK = MeasureConfig(profile_runs=2, skip_runs=1, timing=TimingConfig(min_runs=5, min_seconds=0))
-
-
-def color_model() -> onnx.ModelProto:
-    """color: string [N] -> color_id (LabelEncoder to int64) and color_fr (LabelEncoder to strings)."""
-    nodes = [
-        helper.make_node("LabelEncoder", ["color"], ["color_id"], name="encode", domain="ai.onnx.ml",
-                         keys_strings=WORDS, values_int64s=[0, 1, 2], default_int64=-1),
-        helper.make_node("LabelEncoder", ["color"], ["color_fr"], name="translate", domain="ai.onnx.ml",
-                         keys_strings=WORDS, values_strings=["rouge", "vert", "bleu"], default_string="?"),
-    ]
-    graph = helper.make_graph(
-        nodes, "colors", [helper.make_tensor_value_info("color", TensorProto.STRING, ["N"])],
-        [helper.make_tensor_value_info("color_id", TensorProto.INT64, ["N"]),
-         helper.make_tensor_value_info("color_fr", TensorProto.STRING, ["N"])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.onnx.ml", 2)])
-    onnx.checker.check_model(model, full_check=True)
-    return model
 
 
 def one_hot_model() -> onnx.ModelProto:
@@ -78,7 +62,7 @@ def store(shared_store, monkeypatch) -> str:
 
 
 def test_string_inputs_are_generated_from_the_keys_of_the_op_they_feed():
-    model = color_model()
+    model = string_model()
     assert string_keys(model) == {"color": StringKeys("encode", "LabelEncoder", "keys_strings", tuple(WORDS))}
     assert feed_rules(model) == {"color": "strings drawn from the 3 keys_strings of LabelEncoder 'encode'"}
     feeds = make_feeds(model, dims={"N": 64}, seed=1)
@@ -105,7 +89,7 @@ def test_string_keys_are_found_through_a_reshape_and_other_strings_are_short_wor
 @pytest.mark.slow
 def test_profile_runs_a_string_model_on_generated_feeds_and_on_a_npz_of_unicode_strings(store, tmp_path, capsys):
     path = tmp_path / "colors.onnx"
-    onnx.save_model(color_model(), str(path))
+    onnx.save_model(string_model(), str(path))
     np.savez(tmp_path / "feeds.npz", color=np.array(["red", "blue", "pink"]))
     quick = ["--profile-runs", "2", "--min-seconds", "0", "--experiment", "strings"]
     assert main(["profile", str(path), "--dim", "N=4", "--name", "generated", *quick]) == 0, capsys.readouterr().err
@@ -126,7 +110,7 @@ def test_profile_runs_a_string_model_on_generated_feeds_and_on_a_npz_of_unicode_
 
 @pytest.mark.slow
 def test_an_attempt_on_string_feeds_checks_string_outputs_against_the_baseline(store, tmp_path):
-    model = color_model()
+    model = string_model()
     feeds = {"color": np.array(["red", "blue", "pink"], dtype=object)}
     baseline = _run(model, feeds)
     same = log_attempt(model, feeds, name="same", config=QUICK, baseline_outputs=baseline, log_model=False,
@@ -139,6 +123,6 @@ def test_an_attempt_on_string_feeds_checks_string_outputs_against_the_baseline(s
 
 def test_inspect_traces_a_string_model_on_generated_strings(tmp_path, capsys):
     path = tmp_path / "colors.onnx"
-    onnx.save_model(color_model(), str(path))
+    onnx.save_model(string_model(), str(path))
     assert main(["inspect", str(path), "--dim", "N=2"]) == 0
     assert "LabelEncoder(color) -> color_id" in capsys.readouterr().out

@@ -28,7 +28,7 @@ from tracker.studies import linreg as linreg_study
 from tracker.studies.gpt2 import GPT2StudyConfig, TextConfig
 from tracker.studies.own import OwnModelConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"]
 
 

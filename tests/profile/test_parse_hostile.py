@@ -1,4 +1,4 @@
-"""Profiles made to break the parser (issue 14): bounded memory, one-line errors, no wrong answers."""
+"""Profiles made to break the parser: bounded memory, one-line errors, no wrong answers."""
 
 from __future__ import annotations
 

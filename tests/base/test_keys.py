@@ -1,14 +1,18 @@
-"""Tests of tracker.base.keys: every derived metric key passes MLflow's own validator; file names are safe."""
+"""Tests of tracker.base.keys: every derived metric key passes MLflow's own validator; file names are safe; an
+experiment name over MLflow's limit is refused before any work, by the commands and by `Study`."""
 
 from __future__ import annotations
 
 import itertools
 
+import mlflow.utils.validation
 import pytest
 from mlflow.exceptions import MlflowException
 from mlflow.utils.validation import _validate_metric
 
-from tracker.base.keys import MAX_KEY_LENGTH, metric_keys, sanitize_key
+from tests.commands import assert_one_line_error, run_cli, run_names
+from tracker.api import Study
+from tracker.base.keys import MAX_EXPERIMENT_NAME_LENGTH, MAX_KEY_LENGTH, metric_keys, sanitize_key
 
 NAMES = [
     pytest.param("/transformer/h.0/attn/MatMul", id="torch-export-path"),
@@ -120,3 +124,24 @@ def test_every_pair_of_listed_names_gets_distinct_keys():
     names = [p.values[0] for p in NAMES]
     for a, b in itertools.combinations(names, 2):
         assert sanitize_key(a) != sanitize_key(b), (a, b)
+
+
+LONG_NAME = "e" * 501  # MLflow's limit is 500 (mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH)
+
+
+@pytest.mark.parametrize("command", ["profile", "optimize"])
+def test_an_experiment_name_over_mlflows_limit_is_refused_before_any_work(store_uri, linear_file, temp_root, capsys,
+                                                                          command):
+    code, _, err = run_cli(capsys, command, str(linear_file), "--dim", "N=2", "--experiment", LONG_NAME)
+    assert_one_line_error(code, err, "experiment name must be at most 500 characters (MLflow's limit), got 501")
+    assert run_names(store_uri) == [] and list(temp_root.iterdir()) == []
+
+
+def test_a_study_refuses_a_long_experiment_name_when_made(temp_root):
+    with pytest.raises(ValueError, match="experiment name must be at most 500 characters"):
+        Study("s", feeds={}, experiment=LONG_NAME)
+    assert list(temp_root.iterdir()) == []
+
+
+def test_the_experiment_name_limit_is_mlflows():
+    assert MAX_EXPERIMENT_NAME_LENGTH == mlflow.utils.validation.MAX_EXPERIMENT_NAME_LENGTH

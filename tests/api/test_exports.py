@@ -11,7 +11,7 @@ import pytest
 import tracker
 from tracker.measure.accuracy.task_diff import task_tolerances
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KUBERAY_DIR = ROOT / "deploy" / "kuberay"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 TEAM_STORE_URI = "http://mlflow.mlflow.svc.cluster.local:5000"  # the team server's Service (docs/operations.md)

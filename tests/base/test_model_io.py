@@ -1,15 +1,20 @@
-"""Tests of tracker.base.model_io.load_model on real files: non-ONNX files, checker failures, valid models."""
+"""Tests of tracker.base.model_io.load_model on real files: non-ONNX files, checker failures, valid models; and what
+each command says of a file it cannot load (a model named .json, a missing or cut external data file, an op ONNX Runtime
+has no kernel for): one line, before any run."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.commands import QUICK_OPTIMIZE, assert_one_line_error, run_cli, run_names
+from tests.models import custom_op_model, make_linear_model
 from tracker.base.errors import ModelError
 from tracker.base.model_io import check_model, load_model, model_bytes
-from tracker.optimize.add_eyelike import make_linear_model
 
 NOT_ONNX = r"not (a readable|an) ONNX model"
 
@@ -177,3 +182,75 @@ def test_ort_simplified_layer_norm_in_a_model_with_external_weights_is_checked_b
     from tracker.base.model_io import _external_weights_as_inputs, _ort_domain_ops_as_contrib
 
     onnx.checker.check_model(_external_weights_as_inputs(_ort_domain_ops_as_contrib(path)))
+
+
+def test_a_protobuf_model_named_json_loads_by_its_content(tmp_path, capsys):
+    path = tmp_path / "linear.json"  # onnx alone would read it as ONNX JSON, from the extension
+    model = make_linear_model(n_features=8)
+    path.write_bytes(model.SerializeToString())
+    assert load_model(path).SerializeToString() == model.SerializeToString()
+    code, out, _ = run_cli(capsys, "inspect", str(path), "--dim", "N=2")
+    assert code == 0 and "MatMul" in out
+
+
+@pytest.mark.slow
+def test_profile_of_a_protobuf_model_named_json_logs_it(store_uri, tmp_path, capsys):
+    path = tmp_path / "linear.json"
+    path.write_bytes(make_linear_model(n_features=8).SerializeToString())
+    code, out, err = run_cli(capsys, "profile", str(path), "--dim", "N=2", "--profile-runs", "3", "--min-seconds", "0",
+                             "--name", "from-json")
+    assert code == 0, err
+    assert run_names(store_uri) == ["from-json"]
+
+
+def test_profile_of_a_custom_domain_op_fails_before_any_run_naming_the_op(store_uri, tmp_path, capsys):
+    path = tmp_path / "custom.onnx"
+    onnx.save_model(custom_op_model(), str(path))
+    code, _, err = run_cli(capsys, "profile", str(path))
+    assert_one_line_error(code, err, "ONNX Runtime cannot load", "no kernel for op 'Foo' of domain 'my.domain'")
+    assert run_names(store_uri) == []
+
+
+@pytest.mark.parametrize("command", ["inspect", "profile"])
+def test_a_json_file_that_is_not_a_model_is_a_model_error(store_uri, tmp_path, capsys, command):
+    path = tmp_path / "notes.json"
+    path.write_text('{"latency_ms": 3.5}')
+    code, _, err = run_cli(capsys, command, str(path))
+    assert_one_line_error(code, err, "notes.json", "is not a readable ONNX model",
+                          "neither an ONNX protobuf nor ONNX json", 'no field named "latency_ms"')
+    assert run_names(store_uri) == []
+
+
+@pytest.mark.parametrize("command", ["inspect", "profile"])
+def test_a_missing_external_data_file_is_named(store_uri, tmp_path, capsys, command):
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(make_linear_model(n_features=8), str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="linear.weights", size_threshold=0)
+    (tmp_path / "linear.weights").unlink()
+    code, _, err = run_cli(capsys, command, str(path), "--dim", "N=2")
+    assert_one_line_error(code, err, "external data that is missing", repr(str(tmp_path / "linear.weights")),
+                          "(tensors A, B)")
+    assert run_names(store_uri) == []
+
+
+def _cut_external_data(tmp_path: Path) -> Path:
+    """linear.onnx whose weight A claims an offset past the end of linear.weights."""
+    path = tmp_path / "linear.onnx"
+    onnx.save_model(make_linear_model(n_features=8), str(path), save_as_external_data=True,
+                    all_tensors_to_one_file=True, location="linear.weights", size_threshold=0)
+    model = onnx.load(str(path), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "offset":
+            entry.value = "1000000"
+    onnx.save_model(model, str(path))
+    return path
+
+
+@pytest.mark.parametrize("command", ["profile", "optimize", "inspect"])
+def test_external_data_past_the_end_of_its_file_is_refused_alike_by_every_command(store_uri, tmp_path, capsys, command):
+    path = _cut_external_data(tmp_path)
+    quick = QUICK_OPTIMIZE if command == "optimize" else ()
+    code, _, err = run_cli(capsys, command, str(path), "--dim", "N=2", *quick)
+    assert_one_line_error(code, err, repr(str(path)), "tensor 'A'", "past the end of",
+                          repr(str(tmp_path / "linear.weights")), "offset 1000000", "file of 288 bytes")
+    assert run_names(store_uri) == []

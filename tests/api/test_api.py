@@ -1,4 +1,5 @@
-"""The Python API against a real sqlite MLflow store: studies, single attempts, failures."""
+"""The Python API against a real sqlite MLflow store: studies, single attempts, failures, and a study whose run cannot
+start leaving no work folder."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 import tracker
+import tracker.study
 from tests.conftest import FAST_SPEEDUP
 from tracker import EXACT, Failed, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
 from tracker.base.settings import resolve_tracking_uri
@@ -206,3 +208,12 @@ def test_feeds_with_an_id_outside_the_table_it_indexes_fail_the_attempt_naming_i
         result = study.attempt("baseline", model)
     assert not result.ok
     assert "'ids' holds values in [0, 9] but indexes 'table', a table of 4 rows" in result.error
+
+
+def test_a_study_whose_run_cannot_start_leaves_no_work_folder(store, temp_root, monkeypatch):
+    monkeypatch.setattr(tracker.study, "measure_machine_or_none", lambda: None)  # no roofs: seconds saved, nothing else
+    store.delete_experiment(store.create_experiment("gone"))
+    with pytest.raises(mlflow.exceptions.MlflowException, match="deleted experiment"):
+        with Study("s", feeds={}, experiment="gone"):
+            pass
+    assert list(temp_root.iterdir()) == []

@@ -10,13 +10,13 @@ from pathlib import Path
 import onnx
 import pytest
 
+from tests.models import make_linear_model
 from tracker.cli import _parser, main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.profile import columns as C
 from tracker.profile.aggregate import summarize
 from tracker.profile.parse import parse_profile
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 OLD = FIXTURES / "profile_ort_1_16_fences.json"
 NEW = FIXTURES / "profile_ort_1_32.json"
 N_FEATURES = 8

@@ -1,4 +1,5 @@
-"""A tracking server that dies in the middle of a study: nothing measured is lost, and it uploads later."""
+"""A tracking server that dies in the middle of a study, or of an upload: nothing measured is lost, and it uploads
+later."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import onnx
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import FAST_SPEEDUP
+from tests.conftest import FAST_SPEEDUP, isolate_mlflow
+from tests.models import make_linear_model
 from tracker import MeasureConfig, SessionConfig, Study, TimingConfig
 from tracker.cli import main
-from tracker.optimize.add_eyelike import make_linear_model
 from tracker.run.record import find_records
 from tracker.server import LocalMlflowServer
 
@@ -26,9 +27,14 @@ FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
 
 @pytest.fixture
 def server(tmp_path):
+    """A real `mlflow server` the test may kill and start again. MLflow's URI and the HTTP settings the test's commands
+    export for it are put back when it goes: a later test must never retry a server that no longer runs (each call
+    retries for minutes)."""
     server = LocalMlflowServer(f"sqlite:///{tmp_path / 'server.db'}", tmp_path / "artifacts")
     server.start()
-    yield server
+    with pytest.MonkeyPatch.context() as mp:
+        isolate_mlflow(mp)
+        yield server
     server.kill()
 
 
@@ -94,16 +100,17 @@ def test_an_outage_midway_through_an_upload_keeps_the_rest_and_the_next_upload_m
         server.kill()  # after the first record: the next one meets an outage
         return result
 
-    monkeypatch.setattr(upload, "_upload_record", then_the_server_dies)
-    assert main(["upload", str(tmp_path / "outbox")]) == 2
+    # Only this patch is undone before the next upload: `monkeypatch.undo()` would also undo what the autouse fixture
+    # isolates (MLflow's URI among it), and leave the stopped server's URI to the tests after this one.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(upload, "_upload_record", then_the_server_dies)
+        assert main(["upload", str(tmp_path / "outbox")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     kept = [line for line in err.splitlines() if line.startswith("error:")]
     assert len(kept) == 2 and all("once the tracking store answers" in line for line in kept), err
     assert [p.name for p in find_records(tmp_path / "outbox")] == ["b", "c"]
 
-    monkeypatch.undo()
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
     server.start()
     assert main(["upload", str(tmp_path / "outbox")]) == 0
     client = MlflowClient(tracking_uri=server.uri)

@@ -24,7 +24,7 @@ from mlflow import MlflowClient
 # Every test runs `mlflow run .` in a child process.
 pytestmark = [pytest.mark.subprocess, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["-P", "profile_runs=3", "-P", "min_runs=5", "-P", "min_seconds=0.05", "-P", "threads=1",
         "-P", "speedup_rounds=4", "-P", "speedup_seconds=0"]
 # Building the environment takes ~1.5 min here; a slow package mirror may take several.
