@@ -104,9 +104,7 @@ class LocalExecutor:
         return outcome_of(result)
 
     def result(self, outcome: Outcome) -> AttemptResult:
-        if outcome.result is None:
-            raise ValueError(f"attempt {outcome.name!r} has no result here: {outcome}")
-        return outcome.result
+        return _result_here(outcome)
 
     def baseline(self, runtime: str) -> AttemptResult | None:
         return runtime_baselines(self.results).get(runtime)
@@ -150,11 +148,7 @@ class ClusterExecutor:
         return Pending(attempt.name, self.fanout.submit(attempt, setup))
 
     def result(self, outcome: Outcome) -> AttemptResult:
-        if isinstance(outcome, Pending):
-            return self.fanout.result(outcome.ticket)
-        if outcome.result is None:
-            raise ValueError(f"attempt {outcome.name!r} has no result: {outcome}")
-        return outcome.result
+        return self.fanout.result(outcome.ticket) if isinstance(outcome, Pending) else _result_here(outcome)
 
     def baseline(self, runtime: str) -> AttemptResult | None:
         sent = self.fanout.baseline(runtime)
@@ -180,6 +174,13 @@ class ClusterExecutor:
 def executor_for(cluster: str | None, *, study: str, feeds: Mapping[str, np.ndarray]) -> Executor:
     """Here, or on the Ray cluster at `cluster`."""
     return ClusterExecutor(cluster, study=study, feeds=feeds) if cluster else LocalExecutor(feeds)
+
+
+def _result_here(outcome: Outcome) -> AttemptResult:
+    """The result an outcome holds (a measured one's, or a failed measurement's)."""
+    if outcome.result is None:
+        raise ValueError(f"attempt {outcome.name!r} has no result here: {outcome}")
+    return outcome.result
 
 
 def _summed(steps: list[StepTimes]) -> StepTimes:

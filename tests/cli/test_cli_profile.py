@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mlflow
 import numpy as np
 import onnx
 import pytest
@@ -14,11 +13,8 @@ from tracker.cli import main
 
 
 @pytest.mark.slow
-def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, monkeypatch, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
+def test_profile_logs_the_model_file_as_an_attempt_and_prints_its_ops(tmp_path, monkeypatch, tmp_path_factory, capsys):
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     path = tmp_path / "linear.onnx"
     onnx.save(make_linear_model(n_features=16), str(path))
     code = main(["profile", str(path), "--dim", "N=3", "--profile-runs", "4", "--min-seconds", "0",
@@ -42,11 +38,9 @@ def test_profile_with_a_size_for_a_dim_the_model_does_not_have_names_its_dims(tm
 
 
 @pytest.mark.slow
-def test_profile_takes_the_users_feeds_and_names_the_run_after_the_file(tmp_path, monkeypatch, capsys):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+def test_profile_takes_the_users_feeds_and_names_the_run_after_the_file(tmp_path, monkeypatch, tmp_path_factory,
+                                                                         capsys):
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     path = tmp_path / "my encoder.onnx"
     onnx.save(make_linear_model(n_features=16), str(path))
     np.save(tmp_path / "x.npy", np.ones((5, 16), dtype=np.float32))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import onnx
 import pytest
@@ -67,11 +66,9 @@ def tiny_export(tiny_gpt2_export):
 
 
 @pytest.mark.slow
-def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export, tmp_path, monkeypatch):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
+def test_a_corrupted_model_fails_the_accuracy_check_and_is_rejected(tiny_export, tmp_path, monkeypatch,
+                                                                     tmp_path_factory):
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     corrupted = onnx.load(str(tiny_export.path))
     largest = max(corrupted.graph.initializer, key=lambda t: np.prod(t.dims))
     weights = onnx.numpy_helper.to_array(largest)
@@ -111,13 +108,11 @@ def _generation_study(**overrides):
 
 
 @pytest.mark.slow
-def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_attempt(tmp_path, monkeypatch):
+def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_attempt(tmp_path, monkeypatch,
+                                                                                       tmp_path_factory):
     from tracker.studies.gpt2 import run_gpt2_study
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     study = run_gpt2_study(_generation_study(), experiment="gen", workdir=tmp_path / "work")
     client = MlflowClient(tracking_uri=uri)
     runs = {r.info.run_name: r.data for r in client.search_runs([client.get_experiment_by_name("gen").experiment_id])}
@@ -172,14 +167,11 @@ def test_the_generation_scenario_adds_gen_metrics_to_the_baseline_and_to_every_a
 
 @pytest.mark.slow
 def test_a_family_the_rewrites_do_not_know_gets_the_forward_attempts_and_the_reason_there_is_no_generation(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, tmp_path_factory):
     from tests.gpt2.test_families import TINY_GEMMA3
     from tracker.studies.gpt2 import run_gpt2_study
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     config_path = tmp_path / "gemma3.json"
     config_path.write_text(json.dumps({"model_type": "gemma3_text", **TINY_GEMMA3}))
     study = run_gpt2_study(_generation_study(size="small", config_path=str(config_path),
@@ -283,15 +275,12 @@ def test_the_decode_search_logs_its_leaders_as_attempts_and_the_rest_as_candidat
 
 
 @pytest.mark.slow
-def test_the_study_runs_on_a_local_llama_folder_with_generation(tmp_path, monkeypatch):
+def test_the_study_runs_on_a_local_llama_folder_with_generation(tmp_path, monkeypatch, tmp_path_factory):
     from tests.gpt2.tiny_llama import save_tiny_llama
     from tracker.studies.gpt2 import run_gpt2_study
 
     folder = save_tiny_llama(tmp_path / "tiny-llama")
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
+    uri = use_sqlite_store(tmp_path, monkeypatch, tmp_path_factory)
     config = _generation_study(model=str(folder), attempts=("int4_block32",))
     run_gpt2_study(config, experiment="llama", workdir=tmp_path / "work")
     client = MlflowClient(tracking_uri=uri)

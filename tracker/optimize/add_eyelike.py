@@ -13,7 +13,7 @@ from onnx import helper
 from onnx.reference.op_run import OpRun
 
 from tracker.base.vocabulary import Kind
-from tracker.optimize.base import Candidate, Context, ir_graph, made_by
+from tracker.optimize.base import Candidate, Context, ir_model, made_by
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import prepare_output, save_proto
 
@@ -151,10 +151,10 @@ def add_eyelike(source: Path, target_dir: Path, context: Context) -> Candidate:
 
 def has_eyelike_add(model: onnx.ModelProto, context: Context) -> str | None:
     """Models with an EyeLike whose output is added to its own input."""
-    graph = ir_graph(model)
-    if graph is None:
+    read = ir_model(model)
+    if read is None:
         return "onnx-ir cannot read the graph (a map or sequence type), so its EyeLike+Add pairs cannot be found"
-    if any(n.op_type == "Add" and len(n.inputs) == 2 and _eyelike_of_other_operand(n) is not None for n in graph):
+    if any(n.op_type == "Add" and len(n.inputs) == 2 and _eyelike_of_other_operand(n) is not None for n in read.graph):
         return None
     return "no EyeLike(A) added to A in the graph"
 

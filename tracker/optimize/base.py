@@ -18,7 +18,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
 from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
-from tracker.optimize.model_info import ir_graph as ir_graph  # the rewrites' graph queries are all here
+from tracker.optimize.model_info import ir_model as ir_model  # the rewrites' graph queries are all here
 from tracker.optimize.model_info import made_by as made_by
 
 if TYPE_CHECKING:
@@ -199,14 +199,11 @@ def rewrite_in_ir(model: onnx.ModelProto, *passes: ir.passes.PassBase) -> bool:
     """Runs `passes` on `model` as onnx-ir sees it, then onnx-ir's removal of what no output needs any more (the
     nodes a rewrite left, the decoder's own causal mask once no attention reads it, the weights only they read); writes
     the result back into `model` when a pass changed it. Returns whether one did."""
-    try:
-        graph = ir.from_proto(model)
-    except (ir.serde.SerdeError, NotImplementedError):  # a map or sequence type (`model_info.ir_graph`): no rewrite
+    read = ir_model(model)
+    if read is None or not ir.passes.Sequential(*passes)(read).modified:  # onnx-ir cannot read it: no rewrite
         return False
-    if not ir.passes.Sequential(*passes)(graph).modified:
-        return False
-    RemoveUnusedNodesPass()(graph)
-    model.CopyFrom(ir.to_proto(graph))
+    RemoveUnusedNodesPass()(read)
+    model.CopyFrom(ir.to_proto(read))
     return True
 
 

@@ -249,8 +249,8 @@ class _Graph:
     dims survive when the values were dropped: `load_graph`), for the detectors above."""
 
     def __init__(self, model: onnx.ModelProto) -> None:
-        graph = ir_graph(model)
-        self.nodes = list(graph) if graph is not None else []  # a graph onnx-ir cannot read has no transformer block
+        read = ir_model(model)
+        self.nodes = list(read.graph) if read is not None else []  # a graph onnx-ir cannot read has no transformer
         self.initializers = {t.name: t for t in model.graph.initializer}
         self.input_names = [i.name for i in model.graph.input if i.name not in self.initializers]
         self.output_names = [o.name for o in model.graph.output]
@@ -372,11 +372,11 @@ class _Graph:
         return [int(v) for v in numpy_helper.to_array(tensor).reshape(-1)]
 
 
-def ir_graph(model: onnx.ModelProto) -> ir.Graph | None:
-    """`model`'s main graph as onnx-ir reads it; None for one it cannot read (a map or a sequence type, as skl2onnx's
-    ZipMap of a classifier's probabilities)."""
+def ir_model(model: onnx.ModelProto) -> ir.Model | None:
+    """`model` as onnx-ir reads it; None for one it cannot read (a map or a sequence type, as skl2onnx's ZipMap of a
+    classifier's probabilities)."""
     try:
-        return ir.from_proto(model).graph
+        return ir.from_proto(model)
     except (ir.serde.SerdeError, NotImplementedError):
         return None
 

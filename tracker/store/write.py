@@ -17,6 +17,7 @@ from pathlib import Path
 
 import mlflow
 import pandas as pd
+from mlflow.data.dataset import Dataset
 from mlflow.entities import Param, Run, RunTag
 
 from tracker.base.keys import (
@@ -189,8 +190,9 @@ def log_record(record: AttemptRecord, run_id: str, *, steps: StepTimes | None = 
     """
     steps = steps or StepTimes()
     left_out: dict[str, str] = {}
+    dataset = _described_feeds(record, left_out)  # the run's input, and the dataset its figures were measured on
     with steps.step("mlflow_logging"):
-        for part, log in _record_parts(record, run_id):
+        for part, log in _record_parts(record, run_id, dataset):
             _log_part(part, log, left_out)
     model_id = None
     if record.model_path:
@@ -199,7 +201,6 @@ def log_record(record: AttemptRecord, run_id: str, *, steps: StepTimes | None = 
     figures = _clean_metrics(model_figures(record.metrics))  # the rest went with `_record_parts`
     if figures:  # on the run, and linked to its logged model and the feeds they were measured on: the Models tab
         # shows a dataset's metrics as columns
-        dataset = feeds_dataset(record) if record.feeds is not None else None
         _log_part("model figures", lambda: mlflow.log_metrics(figures, run_id=run_id, model_id=model_id,
                                                               dataset=dataset), left_out)
     if model_id is not None:
@@ -211,6 +212,18 @@ def log_record(record: AttemptRecord, run_id: str, *, steps: StepTimes | None = 
     if record.status == "FAILED":
         log_failure(run_id, record.error or "failed", record.traceback)
     return left_out
+
+
+def _described_feeds(record: AttemptRecord, left_out: dict[str, str]) -> Dataset | None:
+    """The record's feeds as an MLflow dataset (`feeds_dataset`); None without feeds, or when MLflow refuses their
+    description (a dtype its tensor schema has no type for), that reason then in `left_out`."""
+    if record.feeds is None:
+        return None
+    try:
+        return feeds_dataset(record)
+    except Exception as e:
+        left_out["dataset"] = faults.describe(e)
+        return None
 
 
 def _log_part(part: str, log, left_out: dict[str, str]) -> bool:
@@ -225,8 +238,9 @@ def _log_part(part: str, log, left_out: dict[str, str]) -> bool:
     return True
 
 
-def _record_parts(record: AttemptRecord, run_id: str):
-    """(part name, function logging it on `run_id`) for each part of `record` but its model."""
+def _record_parts(record: AttemptRecord, run_id: str, dataset: Dataset | None):
+    """(part name, function logging it on `run_id`) for each part of `record` but its model; `dataset` describes its
+    feeds."""
     client = mlflow.MlflowClient()
     if record.params:
         yield "params", lambda: _log_batch(run_id, params=record.params)
@@ -242,8 +256,8 @@ def _record_parts(record: AttemptRecord, run_id: str):
             yield f"table {name}", lambda name=name: _log_table_file(run_id, Path(record.artifact_dir), name)
     for path, folder in record.files.items():
         yield f"file {Path(path).name}", lambda path=path, folder=folder: client.log_artifact(run_id, path, folder)
-    if record.feeds is not None:
-        yield "dataset", lambda: log_feeds_input(run_id, feeds_dataset(record))
+    if dataset is not None:
+        yield "dataset", lambda: log_feeds_input(run_id, dataset)
 
 
 def _log_batch(run_id: str, *, params: Mapping[str, object] | None = None,

@@ -9,7 +9,7 @@ from pathlib import Path
 import onnx
 
 from tracker.base.vocabulary import Kind
-from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights, ir_graph
+from tracker.optimize.base import Candidate, Context, count_ops, has_matmul_weights, ir_model
 from tracker.optimize.entry import Entry, knob
 from tracker.optimize.model_files import prepare_output
 from tracker.optimize.quantize.lm_head import lm_head_params
@@ -116,8 +116,8 @@ class Int8Dynamic(Entry):
 
 def transposed_weights(model: onnx.ModelProto) -> int:
     """How many MatMul/Gemm nodes read their weight (input 1) through a Transpose of an initializer."""
-    count = 0
-    for node in ir_graph(model) or ():  # a graph onnx-ir cannot read (a ZipMap) has no tied lm_head
+    count, read = 0, ir_model(model)
+    for node in read.graph if read is not None else ():  # a graph onnx-ir cannot read (a ZipMap) has no tied lm_head
         if node.op_type not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.inputs[1] is None:
             continue
         weight = node.inputs[1].producer()
