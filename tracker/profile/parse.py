@@ -8,11 +8,10 @@ import itertools
 import logging
 import os
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,8 +19,9 @@ import pandas as pd
 from tracker.base.errors import ProfileFormatError
 from tracker.profile import columns as C
 from tracker.profile.events import decode_events, empty_message
-from tracker.profile.kernels import INT_COLUMNS, KERNEL_SUFFIX, STRING_COLUMNS, KernelColumns, gather
+from tracker.profile.kernels import KernelColumns, gather
 from tracker.profile.stream import event_commas, iter_blocks, iter_event_batches, iter_mapped_batches
+from tracker.profile.table import events_table, runs_table
 from tracker.profile.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ def iter_profile_chunks(path: str | Path, *, chunk_bytes: int = 64 * 2**20) -> I
                 _warn_truncated(source, seen)
             windows = np.array(columns.run_windows, dtype=np.int64).reshape(-1, 2)
             runs = pd.DataFrame({C.TS_US: windows[:, 0], C.DUR_US: windows[:, 1]})
-            chunk = ProfileChunk(_table(columns, _runs_table([]), source), runs, columns.trace_events, truncated)
+            chunk = ProfileChunk(events_table(columns, runs_table([]), source), runs, columns.trace_events, truncated)
         yield chunk
 
 
@@ -280,13 +280,6 @@ def _warn_truncated(source: str, complete_events: int) -> None:
     logger.warning("profile %r is truncated: read its %d complete events and dropped the rest", source, complete_events)
 
 
-def _runs_table(windows: list[tuple[int, int]]) -> pd.DataFrame:
-    ordered = np.array(sorted(windows), dtype=np.int64).reshape(-1, 2)
-    return pd.DataFrame(
-        {C.RUN: np.arange(len(ordered), dtype=np.int64), C.TS_US: ordered[:, 0], C.DUR_US: ordered[:, 1]}
-    )
-
-
 def _profile(columns: KernelColumns, *, truncated: bool, source: str) -> Profile:
     if truncated:
         _warn_truncated(source, columns.trace_events)
@@ -295,59 +288,6 @@ def _profile(columns: KernelColumns, *, truncated: bool, source: str) -> Profile
             f"{source!r} holds {columns.trace_events} trace events but none of category 'Session' or 'Node'; "
             "it is not an ONNX Runtime profile"
         )
-    runs = _runs_table(columns.run_windows)
+    runs = runs_table(columns.run_windows)
     fmt = "fences" if columns.has_fences else ("memory" if columns.has_memory else "plain")
-    return Profile(events=_table(columns, runs, source), runs=runs, format=fmt, truncated=truncated, source=source)
-
-
-def _table(columns: KernelColumns, runs: pd.DataFrame, source: str) -> pd.DataFrame:
-    """The kernel rows, numbered by the runs whose windows hold them."""
-    gathered = columns.gathered()
-    convert: dict[str, Callable[[Any], str]] = {
-        C.NODE: lambda name: name.removesuffix(KERNEL_SUFFIX),
-        C.THREAD: str,
-        C.INPUT_SHAPES: bytes.decode,
-        C.OUTPUT_SHAPES: bytes.decode,
-    }
-    data: dict[str, pd.Categorical | list | np.ndarray | pd.arrays.IntegerArray] = {}
-    for column in STRING_COLUMNS:
-        data[column] = _strings(gathered.distinct[column], gathered.codes.pop(column), convert.get(column))
-    numbers = {column: gathered.numbers.pop(column) for column in INT_COLUMNS}
-    data |= numbers
-    # Each duration fits in int64 (`events` bounds it), but their sum, which every summary takes, may not.
-    if numbers[C.DUR_US].sum(dtype=np.float64) >= 2**63:
-        raise ProfileFormatError(
-            f"the kernel durations of profile {source!r} add up to more than 2**63 microseconds; expected durations "
-            "of real kernel calls, which add up to the profiled time"
-        )
-    data[C.RUN] = _run_index(numbers[C.TS_US], runs)
-    data[C.MEM_IN_USE_DELTA] = pd.arrays.IntegerArray(gathered.numbers.pop(C.MEM_IN_USE_DELTA), gathered.mem_missing)
-    return pd.DataFrame(data, columns=list(C.EVENT_COLUMNS))
-
-
-def _strings(distinct: list, codes: np.ndarray, convert: Callable | None) -> pd.Categorical | list:
-    """A column of a few hundred distinct strings as a Categorical: its values in lexical order, and a code per row.
-
-    Only the values some row holds are categories (not the names of fences, say), so `value_counts` and the
-    like list no strangers; their lexical order makes sorting by the column sort by its text.
-    """
-    if not len(codes):
-        return []  # what pandas makes of an empty list (float64 in pandas 3.1), as the table always had
-    present = np.flatnonzero(np.bincount(codes, minlength=len(distinct)))
-    values = [distinct[i] if convert is None else convert(distinct[i]) for i in present]
-    categories = sorted(set(values))  # a tid may be read as 7 in one event and "7" in another
-    position = {value: i for i, value in enumerate(categories)}
-    recode = np.full(len(distinct), -1, dtype=np.int64)
-    recode[present] = [position[value] for value in values]
-    return pd.Categorical.from_codes(recode[codes], categories=pd.Index(categories, dtype="str"))
-
-
-def _run_index(ts: np.ndarray, runs: pd.DataFrame) -> np.ndarray:
-    """Index of the run whose [start, start + dur] window holds each timestamp, else -1."""
-    if runs.empty:
-        return np.full(len(ts), -1, dtype=np.int64)
-    starts = runs[C.TS_US].to_numpy()
-    ends = starts + runs[C.DUR_US].to_numpy()
-    idx = np.searchsorted(starts, ts, side="right") - 1
-    inside = (idx >= 0) & (ts <= ends[np.clip(idx, 0, None)])
-    return np.where(inside, idx, -1).astype(np.int64)
+    return Profile(events=events_table(columns, runs, source), runs=runs, format=fmt, truncated=truncated, source=source)

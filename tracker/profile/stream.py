@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import mmap
 import re
 import zlib
 from collections.abc import Iterable, Iterator
@@ -14,10 +13,10 @@ import msgspec
 from tracker.base.errors import ProfileFormatError
 from tracker.profile.events import AnyEvent, decode_events, decode_list, empty_message, malformed_at, malformed_message
 from tracker.profile.json_commas import ListCommas
+from tracker.profile.text_buffer import CLOSE, COMMA, OPEN, BlockText, HeldText, MappedText
 
 _GZIP_MAGIC = b"\x1f\x8b"
-_OPEN, _COMMA, _CLOSE, _BLANKS = ord("["), ord(","), ord("]"), b" \t\r\n"
-_LEADING_BLANKS = re.compile(rb"[ \t\r\n]*")
+_BLANKS = b" \t\r\n"
 # The comma between two events as ORT lays them out, one per line: `},\n{`. In other layouts it may also match
 # inside an event (a pretty-printed list of shapes); the stretches cut there then fail to decode as event lists.
 _EVENT_COMMA = re.compile(rb"\}[ \t\r]*(,)[ \t\r]*\n[ \t\r\n]*\{")
@@ -87,7 +86,7 @@ def iter_event_batches(blocks: Iterable[bytes | memoryview], source: str) -> Ite
     Raises:
         ProfileFormatError: as `decode_events`, or the text is empty.
     """
-    return _batches(_BlockText(iter(blocks)), source)
+    return _batches(BlockText(iter(blocks)), source)
 
 
 def iter_mapped_batches(
@@ -112,10 +111,10 @@ def iter_mapped_batches(
         raise ValueError(f"block_bytes must be at least 1, got {block_bytes}")
     if not path.stat().st_size:
         raise ProfileFormatError(empty_message(source))
-    return _batches(_MappedText(path, block_bytes, start, stop), source)
+    return _batches(MappedText(path, block_bytes, start, stop), source)
 
 
-def _batches(text: _BlockText | _MappedText, source: str) -> Iterator[tuple[list[AnyEvent], bool]]:
+def _batches(text: HeldText, source: str) -> Iterator[tuple[list[AnyEvent], bool]]:
     """Decodes a JSON list of trace events batch by batch, as more of its text becomes available.
 
     ORT writes one event per line: the text available is cut after its last newline and the lines before the cut
@@ -134,7 +133,7 @@ def _batches(text: _BlockText | _MappedText, source: str) -> Iterator[tuple[list
         buffer = text.buffer  # a block text may have moved to a larger buffer
         cut = _line_cut(text) if commas is None else _list_cut(text, commas)
         if cut is None:  # the list's end, or lines that are not one event each
-            if buffer[_last_line_end(text)] == _CLOSE and not text.more():
+            if buffer[_last_line_end(text)] == CLOSE and not text.more():
                 break
             commas, text.searched = ListCommas(), text.start + 1
             continue
@@ -149,11 +148,11 @@ def _batches(text: _BlockText | _MappedText, source: str) -> Iterator[tuple[list
                 _reject_if_not_json(text, source, events_before)
                 check_above *= 2
             continue
-        buffer[end] = _CLOSE
+        buffer[end] = CLOSE
         try:
             events = decode_list(memoryview(buffer)[text.start : end + 1], source, events_before=events_before)
         except msgspec.DecodeError as e:
-            buffer[end] = _COMMA
+            buffer[end] = COMMA
             at = malformed_at(e)
             if commas is None and (at is None or at >= end - text.start):  # the cut fell inside an event
                 commas, text.searched = ListCommas(), text.start + 1
@@ -163,7 +162,7 @@ def _batches(text: _BlockText | _MappedText, source: str) -> Iterator[tuple[list
         yield events, False
         events_before += len(events)
         del events
-        buffer[next_start] = _OPEN
+        buffer[next_start] = OPEN
         text.start, check_above = next_start, _FIRST_CHECK_BYTES
         text.done_before(next_start)
         if not text.more():
@@ -171,7 +170,7 @@ def _batches(text: _BlockText | _MappedText, source: str) -> Iterator[tuple[list
     yield decode_events(text.rest(), source, events_before=events_before, offset=text.offset(text.start))
 
 
-def _line_cut(text: _BlockText | _MappedText) -> tuple[int, int] | None:
+def _line_cut(text: HeldText) -> tuple[int, int] | None:
     """(comma, newline) of the last line of the new text that ends with a comma, (-1, -1) if none yet, or None
     if the last line ends with something else (the end of the list, or lines that are not one event each)."""
     buffer = text.buffer
@@ -182,17 +181,17 @@ def _line_cut(text: _BlockText | _MappedText) -> tuple[int, int] | None:
         end -= 1
     if cut < 0 or end == text.start:  # no line, or nothing but the bracket so far
         return -1, -1
-    return (end, cut) if buffer[end] == _COMMA else None
+    return (end, cut) if buffer[end] == COMMA else None
 
 
-def _last_line_end(text: _BlockText | _MappedText) -> int:
+def _last_line_end(text: HeldText) -> int:
     end = text.buffer.rfind(b"\n", text.start, text.length) - 1
     while text.buffer[end] in _BLANKS:
         end -= 1
     return end
 
 
-def _list_cut(text: _BlockText | _MappedText, commas: ListCommas) -> tuple[int, int]:
+def _list_cut(text: HeldText, commas: ListCommas) -> tuple[int, int]:
     """(comma, comma) of the last comma between two events in the new text, or (-1, -1) if none."""
     last, scanned = commas.scan(memoryview(text.buffer)[text.searched : text.length])
     comma = -1 if last < 0 else text.searched + last
@@ -200,7 +199,7 @@ def _list_cut(text: _BlockText | _MappedText, commas: ListCommas) -> tuple[int, 
     return comma, comma
 
 
-def _reject_if_not_json(text: _BlockText | _MappedText, source: str, events_before: int) -> None:
+def _reject_if_not_json(text: HeldText, source: str, events_before: int) -> None:
     """Raises ProfileFormatError if the text so far is not the start of a JSON list of events."""
     head = memoryview(text.buffer)[text.start : text.length]
     try:
@@ -210,7 +209,7 @@ def _reject_if_not_json(text: _BlockText | _MappedText, source: str, events_befo
             raise ProfileFormatError(malformed_message(source, head, e, text.offset(text.start))) from e
 
 
-def _reject_what_is_not_a_list(text: _BlockText | _MappedText, source: str) -> None:
+def _reject_what_is_not_a_list(text: HeldText, source: str) -> None:
     """Raises ProfileFormatError for a text that does not start with a list: says what it is, from its start."""
     if text.start >= text.length and not text.more():
         raise ProfileFormatError(empty_message(source))
@@ -225,130 +224,3 @@ def _reject_what_is_not_a_list(text: _BlockText | _MappedText, source: str) -> N
     except msgspec.DecodeError as e:
         raise ProfileFormatError(malformed_message(source, head, e, text.offset(text.start))) from e
     raise AssertionError("a text that is not a list decoded as one")
-
-
-class _BlockText:
-    """Text read block by block into a bytearray, which holds it from `start` (a list's bracket) to `length`.
-
-    The buffer is reused: the text still needed is moved to its front when a block does not fit, and it is
-    replaced by a larger one only when a line is longer than it, so its pages are faulted in once. (Its text is
-    moved in place, not resized, as decoded events may still point into it: Python forbids resizing a buffer
-    that has views.)
-    """
-
-    def __init__(self, blocks: Iterator[bytes | memoryview]) -> None:
-        self._blocks = blocks
-        self.buffer = bytearray(2**16)
-        self.start = self.length = self.searched = 0
-        self._dropped = 0  # text moved out of the buffer's front
-
-    def offset(self, position: int) -> int:
-        """Where a position in the buffer is in the whole text."""
-        return self._dropped + position
-
-    def open(self) -> bool:
-        """Finds the first character that is not blank: True if it opens a list."""
-        while True:
-            blanks = _LEADING_BLANKS.match(self.buffer, self.start, self.length)
-            assert blanks is not None  # `*`: the empty text matches too
-            self.start = blanks.end()
-            if self.start < self.length:
-                self.searched = self.start + 1
-                return self.buffer[self.start] == _OPEN
-            if not self.more():
-                return False
-
-    def more(self) -> bool:
-        block = next(self._blocks, None)
-        if block is None:
-            return False
-        end = self.length + len(block)
-        if end > len(self.buffer):
-            self._make_room(len(block))
-            end = self.length + len(block)
-        self.buffer[self.length : end] = block  # the same length: in place
-        self.length = end
-        return True
-
-    def _make_room(self, needed: int) -> None:
-        kept = self.length - self.start
-        text = memoryview(self.buffer)[self.start : self.length]
-        if kept + needed > len(self.buffer):
-            self.buffer = bytearray(max(kept + needed, 2 * len(self.buffer)))
-            memoryview(self.buffer)[:kept] = text
-        elif self.start:
-            memoryview(self.buffer)[:kept] = bytes(text)  # the two may overlap
-        self.length, self.searched = kept, self.searched - self.start
-        self._dropped += self.start
-        self.start = 0
-
-    def done_before(self, offset: int) -> None:
-        pass  # the text before `offset` is dropped when room is made
-
-    def head(self) -> memoryview:
-        """The text read so far, from `start`."""
-        return memoryview(self.buffer)[self.start : self.length]
-
-    def rest(self) -> bytes:
-        rest = bytearray(memoryview(self.buffer)[self.start : self.length])
-        for block in self._blocks:
-            rest += block
-        return bytes(rest)
-
-
-class _MappedText:
-    """A plain file mapped into memory, copy-on-write: the brackets written into it never reach the file.
-
-    Holds the text of a stretch from `start` (a list's bracket) to `length`, which grows by `block_bytes` at a
-    time up to the end of the stretch.
-    """
-
-    def __init__(self, path: Path, block_bytes: int, start: int, stop: int | None) -> None:
-        with path.open("rb") as file:
-            self.buffer = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
-        size = len(self.buffer)
-        self._block_bytes = block_bytes
-        self._end = size if stop is None or stop >= size else stop + 1
-        if start:  # the comma before the stretch opens its list, the comma after it closes it
-            self._bracket(start - 1, _OPEN)
-        if stop is not None and stop < size:
-            self._bracket(stop, _CLOSE)
-        self.start = self.length = self.searched = max(0, start - 1)
-        self._released = 0
-        if hasattr(self.buffer, "madvise"):
-            self.buffer.madvise(mmap.MADV_SEQUENTIAL)
-
-    def _bracket(self, offset: int, bracket: int) -> None:
-        if self.buffer[offset] != _COMMA:
-            raise ValueError(f"offset {offset} holds {bytes([self.buffer[offset]])!r}, not a comma between events")
-        self.buffer[offset] = bracket
-
-    def offset(self, position: int) -> int:
-        return position
-
-    def open(self) -> bool:
-        blanks = _LEADING_BLANKS.match(self.buffer, self.start, self._end)
-        assert blanks is not None  # `*`: the empty text matches too
-        self.start = blanks.end()
-        self.length = self.searched = min(self.start + 1, self._end)
-        return self.start < self._end and self.buffer[self.start] == _OPEN
-
-    def more(self) -> bool:
-        if self.length >= self._end:
-            return False
-        self.length = min(self.length + self._block_bytes, self._end)
-        return True
-
-    def done_before(self, offset: int) -> None:
-        """Lets the pages before `offset` go: they would otherwise count as this process's memory."""
-        release = offset - offset % mmap.PAGESIZE
-        if release > self._released and hasattr(mmap, "MADV_DONTNEED"):
-            self.buffer.madvise(mmap.MADV_DONTNEED, self._released, release - self._released)
-            self._released = release
-
-    def head(self) -> memoryview:
-        """The text from `start` to the end of the stretch, where it lies: decoding it reads only what it needs."""
-        return memoryview(self.buffer)[self.start : self._end]
-
-    def rest(self) -> bytes:
-        return self.buffer[self.start : self._end]
