@@ -31,7 +31,8 @@ import tracker.measure.timing.speedup as speedup_module
 from tracker.measure.generation.binding import loop_step
 from tracker.measure.generation.decoder import DecoderSession
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
-from tracker.measure.timing.speedup import SpeedupConfig, estimate_speedup, time_in_rounds
+from tracker.measure.timing.interval import estimate_speedup
+from tracker.measure.timing.speedup import SpeedupConfig, time_in_rounds
 from tracker.optimize import Context, ModelInfo, get_entry
 
 HARNESSES = ("study", "spin", "spin-pause")

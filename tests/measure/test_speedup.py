@@ -9,17 +9,8 @@ import pytest
 from scipy import stats
 
 from tracker.base.vocabulary import Verdict
-from tracker.measure.timing.speedup import (
-    MIN_EFFECT,
-    SYSTEMATIC_SE,
-    Round,
-    Speedup,
-    SpeedupConfig,
-    describe,
-    estimate_speedup,
-    judge,
-    time_in_rounds,
-)
+from tracker.measure.timing.interval import MIN_EFFECT, SYSTEMATIC_SE, Round, Speedup, estimate_speedup
+from tracker.measure.timing.speedup import SpeedupConfig, describe, judge, time_in_rounds
 
 
 def rounds(attempt_median: float, *, n_rounds: int = 6, pairs: int = 50, noise: float = 0.05, seed: int = 0,
