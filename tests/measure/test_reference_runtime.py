@@ -14,13 +14,8 @@ from onnx import numpy_helper
 from tests.commands import assert_one_line_error, run_cli
 from tests.models import custom_op_model, make_linear_model
 from tracker.base.errors import FeedError
-from tracker.measure.runtimes.reference_runtime import (
-    evaluate_node,
-    profile_reference,
-    run_reference,
-    time_reference,
-    trace_reference,
-)
+from tracker.measure.runtimes.reference_profile import profile_reference
+from tracker.measure.runtimes.reference_runtime import evaluate_node, run_reference, time_reference, trace_reference
 from tracker.measure.timing.latency import TimingConfig
 from tracker.optimize.add_eyelike import AddEyeLike, fuse_add_eyelike
 from tracker.profile import columns as C

@@ -13,6 +13,7 @@ from onnx.reference.op_run import OpRun
 
 from tracker.measure.runtimes import reference_runtime as ref
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session, profile_ort
+from tracker.measure.runtimes.reference_profile import profile_reference
 from tracker.measure.timing.latency import Latency
 from tracker.profile.parse import Profile
 
@@ -154,7 +155,7 @@ class ReferenceRuntime:
     def profile(
         self, attempt: AttemptSettings, model: onnx.ModelProto, feeds: Feeds, *, runs: int, workdir: Path
     ) -> Profiled:
-        profile = ref.profile_reference(model, feeds, new_ops=attempt.new_ops, runs=runs)
+        profile = profile_reference(model, feeds, new_ops=attempt.new_ops, runs=runs)
         return Profiled(Latency.from_values(profile.runs["dur_us"].to_numpy() * 1e-6), profile=profile)
 
     def trace(
