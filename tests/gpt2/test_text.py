@@ -290,7 +290,7 @@ def test_a_dataset_without_a_text_column_uses_its_first_string_column(tmp_path):
 
 
 def test_a_template_that_leaves_little_room_for_text_is_logged(pydoc, chat, caplog):
-    with caplog.at_level(logging.WARNING, logger="tracker.gpt2.text"):
+    with caplog.at_level(logging.WARNING, logger="tracker.gpt2.prompts"):
         text_inputs(pydoc, chat, eval_chunks=2, eval_len=16, prompts=3, prompt_len=26)
     assert caplog.text.count("the chat template takes 24 of each prompt's 26 tokens, leaving 2 for text") == 1
 

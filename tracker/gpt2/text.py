@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracker.gpt2.prompts import chat_overhead, chat_prompt, text_start
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -25,9 +27,6 @@ MAX_READ_BYTES = 64 * 1024 * 1024
 # A DatasetDict's split, in order of preference: held-out text first.
 DATASET_SPLITS = ("test", "validation", "train")
 DATASET_COLUMN = "text"
-# How far (in tokens) a prompt may move forward to start at a line or a sentence.
-PROMPT_ALIGN_TOKENS = 64
-_SENTENCE_ENDS = ".!?"
 
 
 @dataclass(frozen=True)
@@ -281,16 +280,16 @@ def text_inputs(corpus: CorpusText, tokenizer: PreTrainedTokenizerBase, *, eval_
     stride = (n - half) // eval_chunks
     eval_ids = np.stack([ids[half + i * stride: half + i * stride + eval_len] for i in range(eval_chunks)])
     template = chat and bool(getattr(tokenizer, "chat_template", None))
-    overhead = _chat_overhead(tokenizer, prompt_len=prompt_len) if template else 0
+    overhead = chat_overhead(tokenizer, prompt_len=prompt_len) if template else 0
     slot = half // prompts
     rows = []
     for i in range(prompts):
         window = ids[i * slot: (i + 1) * slot]
         begin = 0
         if starts is not None:  # a slow tokenizer gives no offsets: the prompt starts where its slot does
-            begin = _text_start(corpus.text, starts[i * slot: (i + 1) * slot], limit=slot - prompt_len)
+            begin = text_start(corpus.text, starts[i * slot: (i + 1) * slot], limit=slot - prompt_len)
         if template:
-            rows.append(_chat_prompt(tokenizer, window, begin, prompt_len=prompt_len, overhead=overhead))
+            rows.append(chat_prompt(tokenizer, window, begin, prompt_len=prompt_len, overhead=overhead))
         else:
             rows.append(window[begin: begin + prompt_len])
     timing_ids = {k: ids[:k].reshape(1, k).copy() for k in seq_lens}
@@ -333,59 +332,3 @@ def _check_sizes(*, eval_chunks: int, eval_len: int, prompts: int, prompt_len: i
             f"eval_chunks={eval_chunks}, eval_len={eval_len}, prompts={prompts}, prompt_len={prompt_len}, "
             f"seq_lens={list(seq_lens)}"
         )
-
-
-def _text_start(text: str, starts: np.ndarray, *, limit: int) -> int:
-    """The first of the first `limit` + 1 tokens that starts a line or a sentence; 0 when none does."""
-    for i, start in enumerate(starts[: min(limit, PROMPT_ALIGN_TOKENS) + 1]):
-        p = int(start)
-        while p < len(text) and text[p] in " \t":
-            p += 1
-        if i + 1 < len(starts) and p >= starts[i + 1]:
-            continue  # a token of only spaces (indentation): the line's text starts in the next one
-        q = p - 1
-        while q >= 0 and text[q] in " \t":
-            q -= 1
-        if q < 0 or text[q] == "\n" or (text[q] in _SENTENCE_ENDS and q < p - 1):
-            return i
-    return 0
-
-
-def _chat(tokenizer: PreTrainedTokenizerBase, snippet: str) -> np.ndarray:
-    """`snippet` as a user message through the chat template, ready for the assistant's answer."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": snippet}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
-    return np.asarray(out, dtype=np.int64)
-
-
-def _chat_overhead(tokenizer: PreTrainedTokenizerBase, *, prompt_len: int) -> int:
-    """Tokens the chat template adds to a message; an error when they leave no text in `prompt_len`."""
-    overhead = len(_chat(tokenizer, ""))
-    if overhead >= prompt_len:
-        raise ValueError(f"the chat template alone takes {overhead} tokens, leaving no text in a prompt of "
-                         f"prompt_len={prompt_len}; ask for prompt_len > {overhead} or chat=False")
-    if overhead > prompt_len // 2:
-        logger.warning("the chat template takes %d of each prompt's %d tokens, leaving %d for text",
-                       overhead, prompt_len, prompt_len - overhead)
-    return overhead
-
-
-def _chat_prompt(tokenizer: PreTrainedTokenizerBase, window: np.ndarray, begin: int, *, prompt_len: int,
-                 overhead: int) -> np.ndarray:
-    """A user message of text from `window` through the chat template, exactly `prompt_len` tokens long."""
-    # Text re-tokenized next to the template's tokens may merge, and stripping may drop a token, so a count of
-    # text tokens can skip the length wanted: try counts around the estimate, then a start a token later.
-    estimate = prompt_len - overhead
-    lengths = {}
-    for first in range(begin, min(begin + 8, len(window))):
-        for k in (estimate, estimate + 1, estimate - 1, estimate + 2, estimate - 2):
-            if 1 <= k <= len(window) - first:
-                snippet = tokenizer.decode(window[first: first + k].tolist())
-                assert isinstance(snippet, str)  # decode of one sequence is one string
-                ids = _chat(tokenizer, snippet.strip())
-                if len(ids) == prompt_len:
-                    return ids
-                lengths[first - begin, k] = len(ids)
-    tried = ", ".join(f"+{shift}:{k} -> {n}" for (shift, k), n in sorted(lengths.items()))
-    raise ValueError(f"no cut of the text makes a chat prompt of exactly {prompt_len} tokens "
-                     f"(start shift:text tokens -> prompt tokens: {tried})")
