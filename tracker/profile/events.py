@@ -39,34 +39,37 @@ class Args(msgspec.Struct, gc=False):
     mem_in_use_delta: Int64 | None = None
 
 
-# gc=False: the cyclic GC need not track half a million objects that hold no containers and so make no cycles.
-class Event(msgspec.Struct, gc=False):
-    """A trace event of any category."""
+# gc=False (inherited by the events below): the cyclic GC need not track half a million objects that hold no
+# containers and so make no cycles.
+class _Span(msgspec.Struct, gc=False):
+    """What every trace event has: a name, a start and a duration."""
 
-    cat: str
     name: str
     ts: Timestamp
     dur: Microseconds = 0
+
+
+class _ThreadSpan(_Span):
+    """A span on a thread, with the args ORT writes on Node events."""
+
     tid: int | str = 0
     args: Args = msgspec.field(default_factory=Args)
+
+
+class Event(_ThreadSpan, kw_only=True):
+    """A trace event of any category."""
+
+    cat: str
 
 
 # ORT writes events of these two categories. Decoding them as a tagged union spares a string per event and the
 # args of Session events; a list that holds anything else is decoded again as `Event`s (foreign JSON fails there).
-class NodeEvent(msgspec.Struct, tag_field="cat", tag="Node", gc=False):
+class NodeEvent(_ThreadSpan, tag_field="cat", tag="Node"):
     cat: ClassVar[str] = "Node"
-    name: str
-    ts: Timestamp
-    dur: Microseconds = 0
-    tid: int | str = 0
-    args: Args = msgspec.field(default_factory=Args)
 
 
-class SessionEvent(msgspec.Struct, tag_field="cat", tag="Session", gc=False):
+class SessionEvent(_Span, tag_field="cat", tag="Session"):
     cat: ClassVar[str] = "Session"
-    name: str
-    ts: Timestamp
-    dur: Microseconds = 0
 
 
 AnyEvent = Event | NodeEvent | SessionEvent
