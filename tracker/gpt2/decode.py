@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tracker.base.errors import ModelError
-from tracker.gpt2.export import exported_graph
+from tracker.gpt2.export import ExportedFile, exported_graph
 from tracker.gpt2.families import family_support
 from tracker.gpt2.model import LoadedLM
 from tracker.measure.generation.decoder import INPUT_IDS, LOGITS, DecoderSession, past_names, present_name
@@ -28,8 +28,8 @@ DECODE_ATOL = 1e-3
 
 
 @dataclass(frozen=True)
-class DecoderExport:
-    """A decode-ready ONNX file and how it was made.
+class DecoderExport(ExportedFile):
+    """A decode-ready ONNX file (always the dynamo exporter's), how it was made, and the shape of its cache.
 
     Attributes:
         num_heads: attention (query) heads per layer.
@@ -37,17 +37,11 @@ class DecoderExport:
         max_positions: the model's position table: a prompt plus everything generated must fit in it.
     """
 
-    path: Path
-    opset: int
-    seconds: float
     n_layer: int
     num_heads: int
     kv_heads: int
     head_dim: int
     max_positions: int
-    input_names: tuple[str, ...]
-    output_names: tuple[str, ...]
-    node_count: int
 
 
 @dataclass(frozen=True)

@@ -33,16 +33,29 @@ LOGITS_RTOL = 1e-5
 
 
 @dataclass(frozen=True)
-class ExportResult:
-    """An exported ONNX file and how it was made."""
+class ExportedFile:
+    """An exported ONNX file and how it was made: what the forward export (`ExportResult`) and the decode-ready one
+    (`decode.DecoderExport`) both say of theirs.
+
+    Attributes:
+        seconds: wall time of the export.
+        input_names: the graph's inputs, initializers left out (`exported_graph`).
+        node_count: nodes of the main graph.
+    """
 
     path: Path
-    exporter: str
     opset: int
     seconds: float
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
-    node_count: int  # nodes of the main graph
+    node_count: int
+
+
+@dataclass(frozen=True)
+class ExportResult(ExportedFile):
+    """A logits-only export (`export_gpt2`) and the exporter that made it (one of `EXPORTERS`)."""
+
+    exporter: str
 
 
 @dataclass(frozen=True)
@@ -147,8 +160,8 @@ class ExportedGraph(TypedDict):
 
 
 def exported_graph(path: Path) -> ExportedGraph:
-    """What an export result says of the file it wrote: `input_names` (initializers left out),
-    `output_names` and `node_count`."""
+    """What an `ExportedFile` says of the file written: `input_names` (initializers left out), `output_names` and
+    `node_count`."""
     graph = onnx.load(str(path), load_external_data=False).graph
     initializers = {t.name for t in graph.initializer}
     return {
