@@ -144,10 +144,10 @@ def _optimize(args: argparse.Namespace) -> int:
     from tracker.compare import format_table
     from tracker.experiment_args import measure_config, parse_dims, parse_names, session_config
     from tracker.search import parse_budget
-    from tracker.studies import own
+    from tracker.studies import own, own_plan
 
     check_experiment_name(args.experiment)  # before any work: MLflow would refuse it at the first run
-    config = own.OwnModelConfig(
+    config = own_plan.OwnModelConfig(
         model=Path(args.model),
         feeds=Path(args.feeds) if args.feeds else None,
         task=args.task,
@@ -165,9 +165,9 @@ def _optimize(args: argparse.Namespace) -> int:
         tokenizer=Path(args.tokenizer) if args.tokenizer else None, text=Path(args.text) if args.text else None,
         max_ppl_increase=args.max_ppl_increase,
     )
-    chosen = own.plan(config)  # bad input fails here, before any run is made
+    chosen = own_plan.plan(config)  # bad input fails here, before any run is made
     if args.dry_run:
-        print(printable(own.format_plan(config, chosen)))
+        print(printable(own_plan.format_plan(config, chosen)))
         return 0
     study = own.run(config, experiment=args.experiment, chosen=chosen)
     print(printable(format_table(own.comparison(study))))
@@ -287,7 +287,7 @@ def _add_feed_options(parser: argparse.ArgumentParser) -> None:
 
 def _own_class() -> type:
     """`OwnModelConfig`, imported when a default is first read (`FieldDefault`)."""
-    from tracker.studies.own import OwnModelConfig
+    from tracker.studies.own_plan import OwnModelConfig
 
     return OwnModelConfig
 
@@ -335,7 +335,7 @@ def _profile(args: argparse.Namespace) -> int:
     from tracker.measure.inputs.feeds import make_feeds
     from tracker.measure.runtimes.ort_runtime import SessionConfig
     from tracker.measure.timing.latency import TimingConfig
-    from tracker.studies.own import default_name
+    from tracker.studies.own_plan import default_name
 
     if args.experiment:
         check_experiment_name(args.experiment)  # before any work: MLflow would refuse it at the first run

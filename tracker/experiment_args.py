@@ -46,7 +46,7 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
 
 def add_text_args(parser: argparse.ArgumentParser) -> None:
     """Adds --tokenizer, --text, --max-ppl-increase: the real text a language model is judged on beyond its logits.
-    Each defaults to not given ("", None); `tracker.studies.own.OwnModelConfig` checks how they go together."""
+    Each defaults to not given ("", None); `tracker.studies.own_plan.OwnModelConfig` checks how they go together."""
     parser.add_argument("--tokenizer", default="", metavar="FOLDER",
                         help="with --task lm: the model's Hugging Face tokenizer folder (save_pretrained); the LM is "
                              "then judged on real text (perplexity, top-1 along the text, greedy prompts) within "

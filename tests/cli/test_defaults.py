@@ -26,7 +26,7 @@ from tracker.measure.timing.latency import TimingConfig
 from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.studies import linreg as linreg_study
 from tracker.studies.gpt2 import GPT2StudyConfig, TextConfig
-from tracker.studies.own import OwnModelConfig
+from tracker.studies.own_plan import OwnModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ENTRY_POINTS = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"]
@@ -204,7 +204,7 @@ def test_a_default_read_from_a_field_can_still_be_set_by_a_script():
 
 def test_parsing_one_command_does_not_import_the_modules_of_another_commands_defaults():
     code = ("import sys; from tracker.cli import _parser; _parser().parse_args(['summarize', 'profile.json']); "
-            "print(sorted(m for m in ('tracker.measure.attempt', 'tracker.studies.own', 'onnx') if m in sys.modules))")
+            "print(sorted(m for m in ('tracker.measure.attempt', 'tracker.studies.own', 'tracker.studies.own_plan', 'onnx') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
 
     assert done.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from tracker.cli import main
 from tracker.cluster import INSTALL_HINT, Address, ClusterError, ray_missing_message
 from tracker.cluster.address import import_ray
 from tracker.measure.generation.text_scoring import TextCheck
-from tracker.studies.own import OwnModelConfig
+from tracker.studies.own_plan import OwnModelConfig
 
 
 @pytest.fixture
