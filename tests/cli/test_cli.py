@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from tests.models import make_linear_model
-from tracker.cli import _parser, main
+from tracker.cli import build_parser, main
 from tracker.profile import columns as C
 from tracker.profile.aggregate import summarize
 from tracker.profile.parse import parse_profile
@@ -201,9 +201,9 @@ def test_summarize_with_workers_gives_what_one_process_gives(capsys, tmp_path):
     (["compare"], "--runs", "--run-ids", ["0123456789abcdef", "fedcba9876543210"]),
 ], ids=["profile-runs", "compare-run-ids"])
 def test_an_old_spelling_parses_as_the_new_one_after_one_line_and_is_not_in_the_help(capsys, command, old, new, values):
-    parsed_old = _parser().parse_args([*command, old, *values])
+    parsed_old = build_parser().parse_args([*command, old, *values])
     said = capsys.readouterr().err
-    parsed_new = _parser().parse_args([*command, new, *values])
+    parsed_new = build_parser().parse_args([*command, new, *values])
 
     assert parsed_old == parsed_new
     assert said == (f"tracker: {old} is deprecated for 'tracker {command[0]}': use {new} (the old spelling goes in "

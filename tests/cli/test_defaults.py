@@ -18,7 +18,7 @@ import tracker.experiment_args as experiment_args
 from experiments import fusion as fusion_script
 from experiments import gpt2 as gpt2_script
 from experiments import main as main_script
-from tracker.cli import _parser
+from tracker.cli import build_parser
 from tracker.measure.attempt import MeasureConfig
 from tracker.measure.generation.generation import GenerationConfig
 from tracker.measure.runtimes.ort_runtime import SessionConfig
@@ -163,7 +163,7 @@ def test_a_default_changed_in_mlproject_alone_is_caught(entry, name, written):
 
 
 def _optimize_defaults() -> dict[str, object]:
-    args = vars(_parser().parse_args(["optimize", "model.onnx"]))
+    args = vars(build_parser().parse_args(["optimize", "model.onnx"]))
     return {**args, "dims": args["dim"]}
 
 
@@ -186,7 +186,7 @@ def test_the_command_lines_default_to_the_same_fields(entry, parsed):
 
 
 def test_tracker_profile_defaults_to_the_measure_and_session_fields():
-    args = _parser().parse_args(["profile", "model.onnx"])
+    args = build_parser().parse_args(["profile", "model.onnx"])
 
     assert (args.profile_runs, args.min_seconds, args.seed) == (MeasureConfig.profile_runs, TimingConfig.min_seconds,
                                                         OwnModelConfig.seed)
@@ -203,7 +203,7 @@ def test_a_default_read_from_a_field_can_still_be_set_by_a_script():
 
 
 def test_parsing_one_command_does_not_import_the_modules_of_another_commands_defaults():
-    code = ("import sys; from tracker.cli import _parser; _parser().parse_args(['summarize', 'profile.json']); "
+    code = ("import sys; from tracker.cli import build_parser; build_parser().parse_args(['summarize', 'profile.json']); "
             "print(sorted(m for m in ('tracker.measure.attempt', 'tracker.studies.own', 'tracker.studies.own_plan', 'onnx') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
 
