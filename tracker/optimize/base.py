@@ -17,9 +17,9 @@ import onnx
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass
 
+from tracker.optimize.graph_reading import ir_model as ir_model  # the rewrites' graph queries are all here
+from tracker.optimize.graph_reading import made_by as made_by
 from tracker.optimize.model_info import ModelInfo, detect_from_graph, detect_model_type
-from tracker.optimize.model_info import ir_model as ir_model  # the rewrites' graph queries are all here
-from tracker.optimize.model_info import made_by as made_by
 
 if TYPE_CHECKING:
     from tracker.measure.runtimes.ort_runtime import SessionConfig
