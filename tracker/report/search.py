@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from tracker.report.page import write_page
+from tracker.report.page import PAGE_CSS, escape, frame_html, write_page
 from tracker.report.rows import AttemptRow
-from tracker.report.study import _CSS, _e, _frame_html
 
 # The task metric the Pareto chart plots, in the order looked for, and whether larger is better.
 # A language model judged on real text (`screen.check_text`) ranks by its perplexity increase.
@@ -125,8 +124,8 @@ def build_search_report(result, rows: Sequence[AttemptRow], folder: str | Path, 
     if best_row is None or best_row.speedup is None:
         answer = "No candidate passed its check and beat the baseline: the baseline stays the best."
     else:
-        answer = (f"Chosen: <b>{_e(best)}</b>, {best_row.speedup:.3f}x [{best_row.speedup_ci_low:.3f}, "
-                  f"{best_row.speedup_ci_high:.3f}], verdict <b>{_e(best_row.verdict)}</b>.")
+        answer = (f"Chosen: <b>{escape(best)}</b>, {best_row.speedup:.3f}x [{best_row.speedup_ci_low:.3f}, "
+                  f"{best_row.speedup_ci_high:.3f}], verdict <b>{escape(best_row.verdict)}</b>.")
     counts = result.counts()
     stages = pd.DataFrame({"stage": list(result.stage_seconds), "seconds": list(result.stage_seconds.values())})
     budget = "no budget" if result.budget_s is None else f"a budget of {result.budget_s:.0f} s"
@@ -134,9 +133,9 @@ def build_search_report(result, rows: Sequence[AttemptRow], folder: str | Path, 
         f"<p>{answer}</p>",
         f"<p>{counts['considered']} candidates considered, {counts['screened_out']} screened out, "
         f"{counts['timed']} measured in full, in {result.seconds:.0f} s ({budget}).</p>",
-        "<h2>Time per stage</h2>", _frame_html(stages),
-        f"<h2>Coverage</h2><p>{_e(result.coverage_line())}</p>",
-        _frame_html(pd.DataFrame([{"family": f, **c} for f, c in result.coverage().items()])),
+        "<h2>Time per stage</h2>", frame_html(stages),
+        f"<h2>Coverage</h2><p>{escape(result.coverage_line())}</p>",
+        frame_html(pd.DataFrame([{"family": f, **c} for f, c in result.coverage().items()])),
     ]
     tables = {"search_candidates": table}
     found = task_metric(table)
@@ -145,18 +144,18 @@ def build_search_report(result, rows: Sequence[AttemptRow], folder: str | Path, 
         front = pareto_front(table, metric, larger)
         tables["search_pareto"] = front
         parts += ["<h2>Pareto front</h2>", pareto_chart(table, metric, larger, best=best),
-                  _frame_html(front[["name", "speedup", "speedup_source", metric, "passed", "size_bytes"]])]
-    parts += ["<h2>Candidates</h2>", _frame_html(table[[c for c in CANDIDATE_COLUMNS if c in table.columns]])]
+                  frame_html(front[["name", "speedup", "speedup_source", metric, "passed", "size_bytes"]])]
+    parts += ["<h2>Candidates</h2>", frame_html(table[[c for c in CANDIDATE_COLUMNS if c in table.columns]])]
     sensitivities = []
     for sensitivity in result.sensitivities:
         if not sensitivity.rows:
             continue
         kept = (f"{len(sensitivity.kept)} node(s) kept in fp32: {', '.join(sensitivity.kept)}"
                 if sensitivity.found is not None else f"no passing variant: {sensitivity.stopped}")
-        parts += [f"<h2>Sensitivity of {_e(sensitivity.entry.name)}</h2><p>{_e(kept)}</p>",
-                  sensitivity_chart(sensitivity), _frame_html(pd.DataFrame(sensitivity.rows))]
+        parts += [f"<h2>Sensitivity of {escape(sensitivity.entry.name)}</h2><p>{escape(kept)}</p>",
+                  sensitivity_chart(sensitivity), frame_html(pd.DataFrame(sensitivity.rows))]
         sensitivities.append(pd.DataFrame(sensitivity.rows).assign(entry=sensitivity.entry.name))
     if sensitivities:
         tables["search_sensitivity"] = pd.concat(sensitivities, ignore_index=True)
-    path = write_page(Path(folder) / "search.html", title=f"Search of study {study}", parts=parts, css=_CSS)
+    path = write_page(Path(folder) / "search.html", title=f"Search of study {study}", parts=parts, css=PAGE_CSS)
     return SearchReport(html=path, tables=tables)
