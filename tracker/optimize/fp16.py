@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracker.base.vocabulary import Kind
-from tracker.optimize.base import Candidate, Context, ort_fused_counts, ort_transformer
+from tracker.optimize.base import Candidate, Context, ort_transformer
 from tracker.optimize.entry import FunctionEntry
-from tracker.optimize.model_files import needs_external_data, prepare_output
-from tracker.optimize.ort_optimizer import (
-    BASIC_OPT_LEVEL,
-    fusion_notes,
-    optimizer_params,
-    run_ort_optimizer,
+from tracker.optimize.model_files import prepare_output
+from tracker.optimize.ort_optimizer import BASIC_OPT_LEVEL, fusion_notes, optimizer_params, save_optimized
+
+if TYPE_CHECKING:
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+_FP16_NOTES = (
+    "fp16 weights and compute after ORT opt_level 1; inputs and outputs kept fp32 (keep_io_types)",
+    "the CPU provider has few fp16 kernels: ORT inserts Casts around the others at session time",
 )
+
+
+def _to_fp16(optimized: OnnxModel) -> None:
+    # Symbolic shape inference (the default) types the com.microsoft ops the fusions just added;
+    # ONNX's own shape inference does not know them.
+    optimized.convert_float_to_float16(use_symbolic_shape_infer=True, keep_io_types=True)
 
 
 def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
@@ -24,25 +34,14 @@ def ort_opt_fp16(source: Path, target_dir: Path, context: Context) -> Candidate:
     """
     info = context.require_info("ort_opt_fp16", source)
     target = prepare_output(source, target_dir, "ort_opt_fp16")
-    optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
-    fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
-    fully = bool(optimized.is_fully_optimized(fusions))
-    # Symbolic shape inference (the default) types the com.microsoft ops the fusions just added;
-    # ONNX's own shape inference does not know them.
-    optimized.convert_float_to_float16(use_symbolic_shape_infer=True, keep_io_types=True)
-    optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
-    notes = (
-        "fp16 weights and compute after ORT opt_level 1; inputs and outputs kept fp32 (keep_io_types)",
-        "the CPU provider has few fp16 kernels: ORT inserts Casts around the others at session time",
-        *fusion_notes(fusions, info),
-    )
+    fusions, fully = save_optimized(source, target, info, opt_level=BASIC_OPT_LEVEL, then=_to_fp16)
     return Candidate(
         path=target,
         applied=True,
         fusions=fusions,
         fully_optimized=fully,
         precision="fp16",
-        notes=notes,
+        notes=(*_FP16_NOTES, *fusion_notes(fusions, info)),
         params={**optimizer_params(info, BASIC_OPT_LEVEL, context), "fp16.keep_io_types": "true"},
     )
 

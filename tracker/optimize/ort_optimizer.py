@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracker.base.vocabulary import Kind
 from tracker.optimize.base import Candidate, Context, ModelInfo, info_source, ort_fused_counts, ort_transformer
 from tracker.optimize.entry import FunctionEntry
 from tracker.optimize.model_files import needs_external_data, prepare_output
+
+if TYPE_CHECKING:
+    from onnxruntime.transformers.onnx_model import OnnxModel
 
 logger = logging.getLogger(__name__)
 
@@ -79,16 +84,32 @@ def fusion_notes(fusions: dict[str, int], info: ModelInfo) -> tuple[str, ...]:
     return tuple(notes)
 
 
+def save_optimized(
+    source: Path, target: Path, info: ModelInfo, *, opt_level: int, then: Callable[[OnnxModel], object] | None = None
+) -> tuple[dict[str, int], bool]:
+    """Runs ORT's optimizer on `source` (`run_ort_optimizer`), then `then` on the `OnnxModel` it made, and saves
+    that model to `target`.
+
+    Returns:
+        What ORT fused (op type -> count) and its own verdict on whether the graph is fully optimized, both
+        read before `then`.
+    """
+    optimized = run_ort_optimizer(source, info, opt_level=opt_level)
+    fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
+    fully = bool(optimized.is_fully_optimized(fusions))
+    if then is not None:
+        then(optimized)
+    # One file unless protobuf's 2 GB forbids it (GPT-2 small is ~500 MB): simpler to log and to load.
+    optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
+    return fusions, fully
+
+
 def _ort_optimized(
     source: Path, target_dir: Path, context: Context, *, name: str, opt_level: int, notes: tuple[str, ...] = ()
 ) -> Candidate:
     info = context.require_info(name, source)
     target = prepare_output(source, target_dir, name)
-    optimized = run_ort_optimizer(source, info, opt_level=opt_level)
-    fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
-    fully = bool(optimized.is_fully_optimized(fusions))
-    # One file unless protobuf's 2 GB forbids it (GPT-2 small is ~500 MB): simpler to log and to load.
-    optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
+    fusions, fully = save_optimized(source, target, info, opt_level=opt_level)
     logger.info("%s: %s", name, {k: v for k, v in fusions.items() if v})
     return Candidate(
         path=target,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import onnx
 
-from tracker.optimize.base import Context, float_weights, ort_fused_counts
-from tracker.optimize.model_files import files_state, needs_external_data
+from tracker.optimize.base import Context, float_weights
+from tracker.optimize.model_files import files_state
 
 # From this size on, a model's weights must lie in an external data file (protobuf's 2 GiB limit).
 LARGE_MODEL_BYTES = 2**31 - 1
@@ -69,13 +69,10 @@ def prepared(source: Path, target_dir: Path, context: Context, *, how: str, entr
 def _prepare(source: Path, folder: Path, context: Context, how: str) -> Prepared:
     target = folder / "prepared.onnx"
     if how == "ort_optimizer":
-        from tracker.optimize.ort_optimizer import BASIC_OPT_LEVEL, optimizer_params, run_ort_optimizer
+        from tracker.optimize.ort_optimizer import BASIC_OPT_LEVEL, optimizer_params, save_optimized
 
         info = context.require_info("the quantizer's pre-processing", source)
-        optimized = run_ort_optimizer(source, info, opt_level=BASIC_OPT_LEVEL)
-        fusions = ort_fused_counts(optimized.get_fused_operator_statistics())
-        fully = bool(optimized.is_fully_optimized(fusions))
-        optimized.save_model_to_file(str(target), use_external_data_format=needs_external_data(optimized.model))
+        fusions, fully = save_optimized(source, target, info, opt_level=BASIC_OPT_LEVEL)
         return Prepared(target, how, fusions, fully, optimizer_params(info, BASIC_OPT_LEVEL, context))
     pre_process(source, target, shape_inference=how.endswith("_shapes"),
                 large=model_bytes(source) >= LARGE_MODEL_BYTES)
