@@ -1,7 +1,7 @@
 """Benchmark: how sure is a verdict? A/A repeats and known changes of the study's speed-up measurement.
 
 For each model and case, the attempt is timed against its baseline exactly as a study does it
-(`tracker.measure.attempt.time_against`, the default `SpeedupConfig` unless told otherwise), `--repeats` times.
+(`tracker.measure.measurement.time_against`, the default `SpeedupConfig` unless told otherwise), `--repeats` times.
 The "true" ratio of a case is measured apart, by long isolated runs of each model (A B A B, each alone).
 Prints per case: false verdicts, how often the interval covers the true ratio, the median interval
 half-width, the median detectable change and the seconds per repeat. Asserts nothing.
@@ -27,8 +27,9 @@ import numpy as np
 import onnx
 from calibration import with_extra_work
 
-from tracker.measure.attempt import Attempt, time_against
+from tracker.measure.attempt import Attempt
 from tracker.measure.environment import huge_pages, with_huge_pages
+from tracker.measure.measurement import time_against
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
 from tracker.measure.timing.speedup import SpeedupConfig
 

@@ -2,7 +2,7 @@
 (`tracker.pipeline`)."""
 
 from tracker.generation import GenerationScenario
-from tracker.pipeline import AttemptSetup, StudySetup, log_attempt, run_attempt
+from tracker.pipeline import AttemptSetup, StudySetup, log_attempt, log_measured, measure_record
 from tracker.study import Study
 
-__all__ = ["AttemptSetup", "GenerationScenario", "Study", "StudySetup", "log_attempt", "run_attempt"]
+__all__ = ["AttemptSetup", "GenerationScenario", "Study", "StudySetup", "log_attempt", "log_measured", "measure_record"]

@@ -18,7 +18,7 @@ from tracker.cluster.driver import Fanout
 from tracker.generation import GenerationFigures
 from tracker.measure.attempt import Attempt, AttemptResult
 from tracker.outcome import Failed, Measured, Outcome, Pending, outcome_of
-from tracker.pipeline import AttemptSetup, run_attempt
+from tracker.pipeline import AttemptSetup, log_measured, measure_record
 from tracker.report.rows import AttemptRow, failed_row, runtime_baselines
 from tracker.run.content import rows_from_results
 from tracker.search.screen import outputs_of
@@ -98,8 +98,9 @@ class LocalExecutor:
 
     def submit(self, attempt: Attempt, setup: AttemptSetup, *, workdir: Path,
                generation: GenerationFigures | None = None) -> Measured | Failed:
-        result = run_attempt(attempt, self.feeds, setup, baselines=runtime_baselines(self.results), workdir=workdir,
-                             generation=generation)
+        measured = measure_record(attempt, self.feeds, setup, baselines=runtime_baselines(self.results),
+                                  workdir=workdir, generation=generation)
+        result = log_measured(measured, setup)
         self.results.append(result)
         return outcome_of(result)
 
@@ -154,9 +155,7 @@ class ClusterExecutor:
         sent = self.fanout.baseline(runtime)
         if sent is None:
             return None
-        result = AttemptResult(attempt=sent)
-        result.outputs = outputs_of(sent, self.feeds)  # computed here: the nodes' runs hold no outputs
-        return result
+        return AttemptResult(attempt=sent, outputs=outputs_of(sent, self.feeds))  # the nodes' runs hold no outputs
 
     def rows(self, failures: Mapping[str, str], *, skip_runs: int, tables: bool) -> list[AttemptRow]:
         return self.fanout.rows() + [failed_row(name, error) for name, error in failures.items()]

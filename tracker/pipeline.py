@@ -10,7 +10,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,10 +25,11 @@ from tracker.base.vocabulary import Kind, RunStatus
 from tracker.generation import GenerationFigures, GenerationScenario
 from tracker.measure.accuracy.lm_diff import LogitsDiff
 from tracker.measure.accuracy.text_quality import CheckedOnText
-from tracker.measure.attempt import Attempt, AttemptResult, MeasureConfig, measure_attempt
+from tracker.measure.attempt import Attempt, AttemptResult, Logged, MeasureConfig
 from tracker.measure.costmodel.machine import MachinePeaks, measure_machine
 from tracker.measure.environment import isa_params
 from tracker.measure.generation.text_scoring import TextCheck
+from tracker.measure.measurement import measure_attempt
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import judge
 from tracker.optimize import Candidate, Chain, Entry
@@ -110,32 +111,21 @@ def log_attempt(
     with tempfile.TemporaryDirectory(prefix="tracker-") as tmp:
         setup = AttemptSetup(config=config or MeasureConfig(), evaluate=evaluate, log_model=log_model,
                              parent_run_id=parent_run_id, experiment_id=experiment_id)
-        return run_attempt(attempt, dict(feeds), setup, baselines={}, workdir=Path(tmp),
-                           baseline_outputs=baseline_outputs)
+        measured = measure_record(attempt, dict(feeds), setup, baselines={}, workdir=Path(tmp),
+                                  baseline_outputs=baseline_outputs)
+        return log_measured(measured, setup)
 
 
-def run_attempt(
-    attempt: Attempt,
-    feeds: Mapping[str, np.ndarray],
-    setup: AttemptSetup,
-    *,
-    baselines: Mapping[str, AttemptResult],
-    workdir: Path,
-    baseline_outputs: list[np.ndarray] | None = None,
-    generation: GenerationFigures | None = None,
-) -> AttemptResult:
-    """Measures an attempt (`measure_record`), then logs it in its own run (`log_or_keep`).
+def log_measured(measured: MeasuredAttempt, setup: AttemptSetup) -> AttemptResult:
+    """Logs a measured attempt (`measure_record`) in its own run, under `setup`'s parent run and in its experiment.
 
-    Measuring needs no tracking server. A crash while measuring becomes a FAILED run carrying the
-    error (and `result.error`). If the run cannot be logged (the server is unreachable or dies), the
-    record is kept in the outbox (`tracker.run.record.outbox_root()`) and the log says how to upload it.
+    Measuring needed no tracking server. A crash while measuring became a FAILED run carrying the error (and
+    `result.error`). If the run cannot be logged (the server is unreachable or dies), the record is kept in the outbox
+    (`tracker.run.record.outbox_root()`) and the log says how to upload it; `result.logged` says where it went.
     """
-    measured = measure_record(attempt, feeds, setup, baselines=baselines, workdir=workdir,
-                              baseline_outputs=baseline_outputs, generation=generation)
-    result, record = measured.result, measured.record
+    record = measured.record
     record.parent_run_id, record.experiment_id = setup.parent_run_id, setup.experiment_id
-    logged = log_or_keep(record, steps=result.steps)
-    result.run_id, result.outbox, result.refused = logged.run_id, logged.outbox, logged.refused
+    result = replace(measured.result, logged=log_or_keep(record, steps=measured.result.steps))
     if measured.interrupted is not None:  # logged like any attempt; the study then unwinds
         raise measured.interrupted
     # After a GPT-2 attempt (sessions, model copies) glibc keeps gigabytes in its arenas otherwise.
@@ -191,20 +181,21 @@ def measure_record(
             baseline=same_runtime.attempt if same_runtime is not None else None, machine=setup.machine,
         )
         if generation is not None:
-            result.extra_metrics.update(generation.metrics)
-            result.phase_rooflines.update(generation.rooflines)
-        if result.diff is None:
-            # The baseline against itself, so that every attempt carries the same diff.* keys.
-            result.diff = attempt.tolerance.compare(result.outputs, result.outputs)
-        if setup.quality is not None and isinstance(result.diff, LogitsDiff):
+            result = replace(result, extra_metrics={**result.extra_metrics, **generation.metrics},
+                             phase_rooflines={**result.phase_rooflines, **generation.rooflines})
+        # The baseline against itself, so that every attempt carries the same diff.* keys.
+        diff = result.diff or attempt.tolerance.compare(result.outputs, result.outputs)
+        if setup.quality is not None and isinstance(diff, LogitsDiff):
             with result.steps.step("quality"):
                 quality = setup.quality.measure(attempt.model, attempt.session, workdir=workdir / "quality",
                                                 precision=attempt.params.get("precision", "fp32"),
                                                 reference=same_runtime is None)
-            result.diff = CheckedOnText(result.diff, quality)
+            diff = CheckedOnText(diff, quality)
         # The first attempt of a runtime is its own baseline: speed-up 1, node delta 0.
+        own_baseline = same_runtime is None
+        result = replace(result, diff=diff, verdict=judge(result.speedup, accuracy_passed=bool(diff.passed),
+                                                          baseline=own_baseline))
         baseline = same_runtime or result
-        result.verdict = judge(result.speedup, accuracy_passed=bool(result.diff.passed), baseline=baseline is result)
         with result.steps.step("artifacts"):
             artifacts = write_attempt_artifacts(
                 result, workdir / "artifacts", baseline=baseline, skip_runs=setup.config.skip_runs
@@ -212,12 +203,12 @@ def measure_record(
         run_content.fill_record(record, result, artifacts, setup.config, baseline, workdir, log_model=setup.log_model)
         record.params.update(generation.params if generation is not None else {})
     except Exception as e:
-        result.error = mark_failed(record, e)
+        result = replace(result, error=mark_failed(record, e))
         if received():  # SIGTERM in disguise (an ImportError from a cut import): the attempt was interrupted
             record.error = f"interrupted (SIGTERM) while measuring; it surfaced as {result.error}"
             interrupted = Terminated()
     except (KeyboardInterrupt, Terminated) as e:  # Ctrl-C or SIGTERM mid-attempt: the cut attempt is a FAILED run
-        result.error = mark_failed(record, e)
+        result = replace(result, error=mark_failed(record, e))
         record.error = f"interrupted ({'Ctrl-C' if isinstance(e, KeyboardInterrupt) else 'SIGTERM'}) while measuring"
         interrupted = e
     record.tags.update(setup.tags)
@@ -321,15 +312,6 @@ def log_or_keep(record: AttemptRecord, *, steps: StepTimes | None = None) -> Log
         logger.error("the tracking store refused the run of attempt %s (%s); this is not an outage: its results "
                      "are kept in %s", record.attempt, reason, outbox)
         return Logged(outbox=outbox, refused=reason)
-
-
-@dataclass(frozen=True)
-class Logged:
-    """Where a record went: a run, or the outbox (with the reason when the store refused it)."""
-
-    run_id: str | None = None
-    outbox: Path | None = None
-    refused: str | None = None
 
 
 def _keep(record: AttemptRecord) -> Path:

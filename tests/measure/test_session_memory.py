@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from tracker.base.memory import MIB, rss_growth
-from tracker.measure.attempt import Attempt, MeasureConfig, measure_attempt
+from tracker.measure.attempt import Attempt, MeasureConfig
+from tracker.measure.measurement import measure_attempt
 from tracker.measure.timing.latency import TimingConfig
 
 TABLE_BYTES = 100_000_000  # 25,000 x 1,000 float32
@@ -74,7 +75,8 @@ def test_a_session_without_weights_holds_next_to_nothing_even_as_the_first_of_it
     # (~30 MiB for ONNX Runtime), which `warm_up` pays before measuring.
     code = f"""
 import json, numpy as np
-from tracker.measure.attempt import Attempt, MeasureConfig, measure_attempt
+from tracker.measure.attempt import Attempt, MeasureConfig
+from tracker.measure.measurement import measure_attempt
 from tracker.measure.timing.latency import TimingConfig
 from tracker.studies.fusion import make_linear_model
 config = MeasureConfig(profile_runs=1, skip_runs=0, timing=TimingConfig(warmup_runs=0, min_runs=1, min_seconds=0.0),

@@ -17,7 +17,8 @@ import onnx
 import pytest
 from calibration import with_extra_work  # benchmarks/calibration.py (pytest pythonpath)
 
-from tracker.measure.attempt import Attempt, time_against
+from tracker.measure.attempt import Attempt
+from tracker.measure.measurement import time_against
 from tracker.measure.runtimes.ort_runtime import SessionConfig, make_session
 from tracker.measure.timing.latency import TimingConfig, time_runs
 from tracker.measure.timing.speedup import SpeedupConfig

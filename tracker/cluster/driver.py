@@ -163,8 +163,7 @@ class Fanout:
         if not outcomes:  # every node it was sent to stopped before it
             return AttemptResult(attempt=self._attempts[seq], error="no node measured it: every one stopped")
         first = (ok or outcomes)[0]
-        return AttemptResult(attempt=self._attempts[seq], error=None if ok else first.error, run_id=first.run_id,
-                             outbox=first.outbox, refused=first.refused)
+        return AttemptResult(attempt=self._attempts[seq], error=None if ok else first.error, logged=first.logged)
 
     def poll(self, *, timeout_s: float = 0.0) -> None:
         """Logs the records that came back (waiting up to `timeout_s` for one), and gives free nodes work."""

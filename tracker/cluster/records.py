@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from tracker.base.keys import TAG_NODE_TYPE
-from tracker.pipeline import Logged
+from tracker.measure.attempt import Logged
 from tracker.profile import columns as C
 from tracker.report.rows import AttemptRow, row_from_content
 from tracker.run.record import AttemptRecord
@@ -24,9 +24,7 @@ class Outcome:
     """Where one run of an attempt went, and its error when it failed."""
 
     error: str | None
-    run_id: str | None
-    outbox: Path | None
-    refused: str | None
+    logged: Logged
 
 
 class RecordedRows:
@@ -55,7 +53,7 @@ class RecordedRows:
         row = row_from_content(record.attempt, metrics=record.metrics, tags=record.tags, runtime=record.runtime,
                                run_status=record.status, run_id=logged.run_id, tables=tables)
         self._rows.append((seq, record.tags.get(TAG_NODE_TYPE, ""), row))
-        self._outcomes.setdefault(seq, []).append(Outcome(record.error, logged.run_id, logged.outbox, logged.refused))
+        self._outcomes.setdefault(seq, []).append(Outcome(record.error, logged))
 
     def outcomes(self, seq: int) -> list[Outcome]:
         return list(self._outcomes.get(seq, []))

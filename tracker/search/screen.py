@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from tracker.measure.accuracy.task_diff import TaskTolerance, accuracy_margin, tolerance_for
-from tracker.measure.attempt import Attempt, time_against
+from tracker.measure.attempt import Attempt
 from tracker.measure.generation.text_scoring import TextCheck
+from tracker.measure.measurement import time_against
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.runtimes.runtime import get_runtime
 from tracker.measure.timing.speedup import Speedup, SpeedupConfig
