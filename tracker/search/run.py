@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
@@ -22,18 +21,17 @@ import onnx
 
 from tracker.base.keys import TAG_FALLBACK_OF, TAG_SEARCH_STAGE
 from tracker.base.steps import StepTimes
-from tracker.base.termination import reraise_if_received
 from tracker.base.vocabulary import Kind
 from tracker.measure.accuracy.task_diff import TaskTolerance
 from tracker.measure.attempt import Attempt
 from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
-from tracker.optimize import Candidate, Chain, Context, Entry, ModelInfo
-from tracker.optimize.quantize.prepare import model_bytes
+from tracker.optimize import Candidate, Chain, Context, ModelInfo
 from tracker.outcome import Outcome
 from tracker.profile.parse import Profile
 from tracker.search.budget import Budget
-from tracker.search.cache import Cached, MadeModels, SearchCache
+from tracker.search.cache import MadeModels, SearchCache
+from tracker.search.pool import MAKE_GUESS_S, CandidatePool
 from tracker.search.priors import op_time, prior_order
 from tracker.search.result import STAGES, Proposal, Row, SearchConfig, SearchResult, full_measurement
 from tracker.search.screen import LONG_SCREEN, SHORT_SCREEN, AccuracyCheck, check_accuracy, check_text
@@ -44,7 +42,7 @@ from tracker.search.space import by_family, candidates, family, interleave
 logger = logging.getLogger(__name__)
 
 # Until a stage has measured one of its own, what it is assumed to cost (seconds).
-_GUESS_S = {"make": 10.0, "screen": 5.0, "long_screen": 10.0, "fallback": 120.0}
+_GUESS_S = {"make": MAKE_GUESS_S, "screen": 5.0, "long_screen": 10.0, "fallback": 120.0}
 
 
 class ForwardSearch:
@@ -81,10 +79,6 @@ class ForwardSearch:
         self.workdir, self.config, self.session = Path(workdir), config, session
         self.budget, self.full_attempt_s, self.text, self.profile = Budget(config.budget_s), full_attempt_s, text, profile
         self.context = Context(info=info, feeds=feeds, work=prepared or self.workdir / "prepared")
-        self.rows: list[Row] = []
-        self.by_name: dict[str, Row] = {}
-        self.made: dict[str, tuple[Entry, Candidate]] = {}
-        self.made_s: dict[str, float] = {}  # seconds each took to make (the leaders' runs log it)
         self.sensitivities: list[Sensitivity] = []
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))  # seconds per stage
         self.expected: dict[str, float] = {}  # each family's expected speed-up (`priors.prior_order`)
@@ -93,8 +87,7 @@ class ForwardSearch:
             self.cache = SearchCache.open(Path(config.cache_dir), source=self.source, feeds=feeds,
                                           judged_by=repr(tolerance), session=session, fresh=config.fresh)
         self.screens = Screens(baseline, feeds, session, self.budget, self.cache, remote)
-        self.cached: dict[str, Cached] = {}  # what the cache held of each candidate
-        self.hits: dict[str, Cached | None] = {}  # the cache's entries read to order the candidates, until used
+        self.pool = CandidatePool(self.source, self.workdir, self.context, self._check, self.cache, self.budget)
         self.leaders: list[tuple[float, str]] = []  # (seconds into the search, name) each time the leader changed
 
     def proposals(self) -> Iterator[Proposal]:
@@ -108,19 +101,11 @@ class ForwardSearch:
                 logger.info("search cache %s: %s", self.cache.root, self.cache.reused_line())
 
     def record(self, proposal: Proposal, outcome: Outcome) -> None:
-        full_measurement(self.by_name[proposal.entry.name], outcome)
+        full_measurement(self.pool.by_name[proposal.entry.name], outcome)
 
     def result(self) -> SearchResult:
-        return SearchResult(self.rows, self.sensitivities, self.stages.seconds, self.config.budget_s,
+        return SearchResult(self.pool.rows, self.sensitivities, self.stages.seconds, self.config.budget_s,
                             self.budget.spent(), leaders=self.leaders)
-
-    # -- bookkeeping
-    def _row(self, entry: Entry, **fields) -> Row:
-        row = Row(entry.name, family(entry), entry.kind,
-                  pipeline=entry.name if isinstance(entry, Chain) else None, **fields)
-        self.rows.append(row)
-        self.by_name[entry.name] = row
-        return row
 
     def _reserve(self, after: str) -> float:
         """Seconds the stages after `after` are expected to need."""
@@ -135,10 +120,10 @@ class ForwardSearch:
             found, refused = candidates(graph, self.context, entries=self.config.entries,
                                               per_entry=self.config.per_entry, knobs=self.config.knobs)
         for name, why in refused.items():
-            self.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
+            self.pool.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
         mixed = interleave(by_family(found).values())
-        self.hits = {e.name: self.cache.get(e) for e in mixed} if self.cache is not None else {}
-        measured = {n: v for n, hit in self.hits.items() if hit is not None and (v := hit.expected()) is not None}
+        self.pool.hits = {e.name: self.cache.get(e) for e in mixed} if self.cache is not None else {}
+        measured = {n: v for n, hit in self.pool.hits.items() if hit is not None and (v := hit.expected()) is not None}
         order, self.expected, why = prior_order(mixed, [family(e) for e in mixed], graph, measured=measured,
                                                 op_time=op_time(self.profile) if self.profile is not None else None)
         logger.info("search: %d candidates apply (%d entries do not); budget %s", len(order), len(refused),
@@ -149,11 +134,11 @@ class ForwardSearch:
         for index, entry in enumerate(order):
             logger.info("search, accuracy %d/%d: %s", index + 1, len(order), entry.name)
             with self.stages.step("accuracy"):
-                row = self._make_and_check(entry, stage="accuracy")
+                row = self.pool.make_and_check(entry, stage="accuracy", reserve=self._reserve("accuracy"))
             if index == 1:  # two made: what the rest will cost
                 self._forecast(len(order))
             # Failing candidates are timed too when the fallback could rescue them: it pays only for a fast one.
-            if row is not None and entry.name in self.made and (row.passed or "exclude" in entry.knobs()):
+            if row is not None and entry.name in self.pool.made and (row.passed or "exclude" in entry.knobs()):
                 with self.stages.step("speed_screen"):
                     self._screen_if_it_fits(entry.name)
         with self.stages.step("speed_screen"):
@@ -175,59 +160,6 @@ class ForwardSearch:
                         "kept for the full measurement of %d leaders)%s", fits, candidates, each, reserve,
                         self.config.max_full, "" if fits >= candidates else ": the prior's order decides which")
 
-    def _make_and_check(self, entry: Entry, *, stage: str, fallback_of: str | None = None) -> Row | None:
-        if entry.name in self.by_name:
-            return None
-        row = self._row(entry, stage=stage, fallback_of=fallback_of)
-        if self._from_cache(entry, row):
-            return row
-        if not self.budget.fits("make", _GUESS_S["make"], reserve=self._reserve("accuracy")):
-            row.status, row.reason = "skipped", "not tried: the budget was kept for the later stages"
-            return row
-        try:
-            with self.budget.timing("make"):
-                start = time.perf_counter()
-                candidate = entry(self.source, self.workdir / f"made-{entry.name}", self.context)
-                made_s = time.perf_counter() - start
-                check = self._check(candidate)
-        except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
-            reraise_if_received(e)
-            row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
-            logger.warning("search: %s failed: %s", entry.name, row.reason)
-            return row
-        row.precision, row.passed, row.margin = candidate.precision, check.passed, check.margin
-        row.params = {**candidate.params, "precision": candidate.precision}
-        row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
-        row.size_bytes = _size(candidate.path)
-        self.made[entry.name], self.made_s[entry.name] = (entry, candidate), made_s
-        if self.cache is not None:
-            self.cache.put(entry, candidate, passed=check.passed, margin=check.margin, metrics=row.diff,
-                           size_bytes=row.size_bytes, made_s=made_s)
-        if not check.passed:
-            row.reason = f"accuracy check failed (margin {check.margin:.3f})"
-        logger.info("search: %s %s its accuracy check (margin %.3f)", entry.name,
-                    "passed" if check.passed else "failed", check.margin)
-        return row
-
-    def _from_cache(self, entry: Entry, row: Row) -> bool:
-        """Fills `row` from the cache's check of `entry` (and makes its cached model the candidate); False on a miss,
-        or when the model it needs is not there."""
-        hit = self.hits.pop(entry.name) if entry.name in self.hits else self.cache.get(entry) if self.cache else None
-        if hit is None or (hit.candidate is None and (hit.passed or "exclude" in entry.knobs())):
-            return False
-        row.precision, row.passed, row.margin = hit.precision, hit.passed, hit.margin
-        row.params, row.diff, row.size_bytes = hit.params, hit.metrics, hit.size_bytes
-        if not hit.passed:
-            row.reason = f"accuracy check failed (margin {hit.margin:.3f})"
-        if hit.candidate is not None:
-            self.made[entry.name] = (entry, hit.candidate)
-            self.made_s[entry.name] = hit.made_s
-        self.cached[entry.name] = hit
-        self.cache.reused[entry.name] = "check"  # type: ignore[union-attr]  # a hit came from it
-        logger.info("search: %s from the cache: %s its accuracy check (margin %.3f)", entry.name,
-                    "passed" if hit.passed else "failed", hit.margin)
-        return True
-
     def _check(self, candidate: Candidate) -> AccuracyCheck:
         """A made candidate judged as the study judges an attempt: on real text when it has some, else by the task's
         tolerance on the feeds."""
@@ -239,20 +171,20 @@ class ForwardSearch:
     def _screen(self, name: str, config=SHORT_SCREEN, kind: str = "screen", *, wait: bool = True) -> None:
         """Screens `name` against the baseline (here, or on a cluster's node: then `wait` False goes on at once),
         and applies every screen that ended meanwhile."""
-        entry, candidate = self.made[name]
+        entry, candidate = self.pool.made[name]
         # Racing: it must beat the baseline, and the lower bound of the best passing candidate screened so far.
-        leader = max([r.screen_ci_low for r in self.rows if r.passed and r.screen_ci_low is not None
+        leader = max([r.screen_ci_low for r in self.pool.rows if r.passed and r.screen_ci_low is not None
                       and r.name != name], default=1.0)
         self.screens.start(name, entry, candidate, kind=kind, config=config, must_beat=max(1.0, leader),
-                           cached=self.cached.get(name))
+                           cached=self.pool.cached.get(name))
         self._screened(wait=wait)
 
     def _screened(self, *, wait: bool) -> None:
         for name, kind, screened in self.screens.finished(wait=wait):
-            row, found, raced_out = self.by_name[name], screened.speedup, screened.raced_out
+            row, found, raced_out = self.pool.by_name[name], screened.speedup, screened.raced_out
             if found is None:
                 row.status, row.reason = "failed", f"speed screen: {screened.error}"
-                self._drop(name)
+                self.pool.drop(name)
                 continue
             row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
             row.stage, row.node = "speed_screen", screened.node_id
@@ -263,10 +195,10 @@ class ForwardSearch:
             self._note_leader(row)
             if raced_out:  # it cannot win: out of the running now, not after more timing
                 row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
-                self._drop(name)
+                self.pool.drop(name)
 
     def _note_leader(self, row: Row) -> None:  # the leader: the best passing lower bound, above the baseline's 1.0
-        lows = [(r.screen_ci_low, r.name) for r in self.rows if r.passed and r.screen_ci_low is not None]
+        lows = [(r.screen_ci_low, r.name) for r in self.pool.rows if r.passed and r.screen_ci_low is not None]
         leader = max(lows, default=None)
         if row.passed and leader is not None and leader[1] == row.name and leader[0] > 1.0 and (
                 not self.leaders or self.leaders[-1][1] != row.name):
@@ -277,30 +209,31 @@ class ForwardSearch:
         if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
             self._screen(name, wait=False)
             return
-        row = self.by_name[name]
+        row = self.pool.by_name[name]
         row.status = "skipped"
         row.reason = (row.reason + "; " if row.reason else "") + "not timed: the budget ran out"
 
     def _drop_unrescuable(self) -> None:
-        for name in list(self.made):  # a failing candidate the fallback cannot rescue, or that was not timed
-            row = self.by_name[name]
-            if not row.passed and ("exclude" not in self.made[name][0].knobs() or row.screen_speedup is None):
-                self._drop(name)
+        for name in list(self.pool.made):  # a failing candidate the fallback cannot rescue, or that was not timed
+            row = self.pool.by_name[name]
+            if not row.passed and ("exclude" not in self.pool.made[name][0].knobs() or row.screen_speedup is None):
+                self.pool.drop(name)
 
     def _fallbacks(self) -> None:
-        best = max([r.screen_speedup for r in self.rows if r.passed and r.screen_speedup is not None], default=1.0)
-        hopeful = [r for r in self.rows if r.passed is False and r.name in self.made and r.screen_speedup is not None
-                   and r.pipeline is None and "exclude" in self.made[r.name][0].knobs() and r.screen_speedup > best]
+        best = max([r.screen_speedup for r in self.pool.rows if r.passed and r.screen_speedup is not None], default=1.0)
+        made = self.pool.made
+        hopeful = [r for r in self.pool.rows if r.passed is False and r.name in made and r.screen_speedup is not None
+                   and r.pipeline is None and "exclude" in made[r.name][0].knobs() and r.screen_speedup > best]
         hopeful.sort(key=lambda r: -(r.screen_speedup or 0))
         for row in hopeful[: self.config.max_fallbacks]:
             if not self.budget.fits("fallback", _GUESS_S["fallback"], reserve=self._reserve("fallback")):
                 row.reason += "; no fallback: the budget ran out"
                 break
-            entry, _ = self.made[row.name]
+            entry, _ = self.pool.made[row.name]
             logger.info("search, fallback: %s (%.2fx on the screen) failed its check: finding the nodes that cost "
                         "the accuracy", row.name, row.screen_speedup)
             with self.budget.timing("fallback"):
-                found = self.cached[row.name].sensitivity_of(entry) if row.name in self.cached else None
+                found = self.pool.cached[row.name].sensitivity_of(entry) if row.name in self.pool.cached else None
                 if found is not None:
                     self.cache.reused[row.name] += ", sensitivity"  # type: ignore[union-attr]  # a hit came from it
                 else:
@@ -314,49 +247,50 @@ class ForwardSearch:
                 row.reason += f"; fallback: {found.stopped}"
                 continue
             row.reason += f"; fallback {found.found.name} keeps {len(found.kept)} node(s) in fp32"
-            rescued = self._make_and_check(found.found, stage="fallback", fallback_of=row.name)
+            rescued = self.pool.make_and_check(found.found, stage="fallback", fallback_of=row.name,
+                                               reserve=self._reserve("accuracy"))
             if rescued is not None and rescued.passed:
                 rescued.reason = f"{len(found.kept)} node(s) kept in fp32 by the sensitivity fallback"
                 self._screen(found.found.name)
-        for row in list(self.rows):
-            if row.passed is False and row.name in self.made:
-                self._drop(row.name)
+        for row in list(self.pool.rows):
+            if row.passed is False and row.name in self.pool.made:
+                self.pool.drop(row.name)
 
     def _chains(self) -> None:
         if not self.config.max_chains:
             return
-        passing = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
+        passing = [r for r in self.pool.rows if r.passed and r.screen_speedup is not None and r.name in self.pool.made]
         # Each of `passing` has a screen speed-up (`or 0.0` is for the type checker).
         graphs = [r for r in passing if r.precision == "fp32" and r.kind == Kind.TRANSFORM
                   and (r.screen_speedup or 0.0) > 1.0 and r.pipeline is None]
         # Without kept-in-fp32 nodes: those are named after the un-chained graph.
         quants = [r for r in passing if r.precision in ("int8", "int4") and r.pipeline is None
-                  and not getattr(self.made[r.name][0], "exclude", ())]
+                  and not getattr(self.pool.made[r.name][0], "exclude", ())]
         if not graphs or not quants:
             return
         best_q = max(quants, key=lambda r: r.screen_speedup or 0.0)
-        q_entry = self.made[best_q.name][0]
+        q_entry = self.pool.made[best_q.name][0]
         for graph in sorted(graphs, key=lambda r: -(r.screen_speedup or 0.0))[: self.config.max_chains]:
-            chain = Chain((self.made[graph.name][0], q_entry))
-            row = self._make_and_check(chain, stage="chain")
-            if row is not None and row.passed and chain.name in self.made:
+            chain = Chain((self.pool.made[graph.name][0], q_entry))
+            row = self.pool.make_and_check(chain, stage="chain", reserve=self._reserve("accuracy"))
+            if row is not None and row.passed and chain.name in self.pool.made:
                 if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
                     self._screen(chain.name)
-            elif row is not None and chain.name in self.made:
-                self._drop(chain.name)
+            elif row is not None and chain.name in self.pool.made:
+                self.pool.drop(chain.name)
 
     def _full(self) -> Iterator[Proposal]:
-        pool = [r for r in self.rows if r.passed and r.screen_speedup is not None and r.name in self.made]
-        pool.sort(key=lambda r: -(r.screen_speedup or 0))
-        for row in pool[max(1, min(6, (len(pool) + 1) // 2)):]:
+        timed = [r for r in self.pool.rows if r.passed and r.screen_speedup is not None and r.name in self.pool.made]
+        timed.sort(key=lambda r: -(r.screen_speedup or 0))
+        for row in timed[max(1, min(6, (len(timed) + 1) // 2)):]:
             row.reason = f"speed screen: {row.screen_speedup:.2f}x, not in the better half"
-            self._drop(row.name)
-        rung = [r for r in pool if r.name in self.made]
+            self.pool.drop(row.name)
+        rung = [r for r in timed if r.name in self.pool.made]
         with self.stages.step("speed_screen"):
             for row in rung:
                 if self.budget.fits("long_screen", _GUESS_S["long_screen"], reserve=self._reserve("speed_screen")):
                     self._screen(row.name, LONG_SCREEN, "long_screen")
-        rung = [r for r in rung if r.name in self.made]  # less those the long screen raced out
+        rung = [r for r in rung if r.name in self.pool.made]  # less those the long screen raced out
         rung.sort(key=lambda r: -(r.screen_speedup or 0))
         top = rung[0].screen_ci_low if rung else None
         finals: list[Row] = []
@@ -369,30 +303,18 @@ class ForwardSearch:
             else:
                 finals.append(row)
                 continue
-            self._drop(row.name)
+            self.pool.drop(row.name)
         for row in finals:
             if not self.budget.fits("full", self.full_attempt_s):
                 row.status, row.reason = "skipped", "not measured in full: the budget ran out"
                 continue
             logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
-            entry, candidate = self.made[row.name]
+            entry, candidate = self.pool.made[row.name]
             tags = {TAG_SEARCH_STAGE: row.stage}
             if row.fallback_of:  # which nodes stayed in fp32 is in its params and notes; why, here
                 tags[TAG_FALLBACK_OF] = row.fallback_of
             # The model the search made (or the cache kept) is measured, not made again.
-            self.kept.put(self.source, entry, candidate, self.made_s.get(row.name, 0.0))
+            self.kept.put(self.source, entry, candidate, self.pool.made_s.get(row.name, 0.0))
             with self.stages.step("full"), self.budget.timing("full"):
                 yield Proposal(entry, tags)  # the study measures it, then `record`s its outcome
-            self._drop(row.name)
-
-    def _drop(self, name: str) -> None:  # its files go once it is out of the running (or measured in full)
-        made = self.made.pop(name, None)
-        if made is not None:
-            shutil.rmtree(self.workdir / f"made-{name}", ignore_errors=True)
-
-
-def _size(path: Path) -> int:
-    try:
-        return model_bytes(Path(path))
-    except Exception:  # noqa: BLE001 -- a size is a nice-to-have of the table
-        return 0
+            self.pool.drop(row.name)
