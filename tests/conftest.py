@@ -47,18 +47,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def isolate_mlflow(mp: pytest.MonkeyPatch) -> None:
-    """Undoes, when `mp` does, what MLflow leaves behind.
+    """Undoes, when `mp` does, the MLflow variables a test or the tracker sets (the tracker points MLflow at a store
+    through MLFLOW_TRACKING_URI): a later test's runs would land in the previous test's store.
 
-    `set_tracking_uri` and `set_experiment` export MLFLOW_TRACKING_URI and MLFLOW_EXPERIMENT_ID to
-    os.environ and keep module globals: a later test's `mlflow run --experiment-name` would refuse the
-    exported id, and its runs would land in the previous test's store.
+    Tests choose their store and experiment through these variables or by id, never with `mlflow.set_tracking_uri`
+    or `mlflow.set_experiment`, whose process globals nothing public undoes (`tests/test_types.py` checks).
     """
     for name in _MLFLOW_ENV:
         mp.setenv(name, "")  # recorded first, so the variable is removed again at the end
         mp.delenv(name)
-    mp.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    utils = mlflow.tracking._tracking_service.utils
-    mp.setattr(utils, "_tracking_uri", utils._tracking_uri)
 
 
 def child_env(tracking_uri: str | None, **extra: str) -> dict[str, str]:
@@ -101,8 +98,6 @@ def use_sqlite_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_f
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    mlflow.set_tracking_uri(uri)
     monkeypatch.chdir(tmp_path)  # the Default experiment's artifacts (./mlruns) land here
     return uri
 
@@ -154,10 +149,7 @@ def store(tmp_path, monkeypatch, tmp_path_factory):
     uri = seed_sqlite_store(tmp_path / "mlflow.db", tmp_path_factory)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    # MLflow keeps the active experiment id of the previous test's store in a module global.
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
-    mlflow.set_tracking_uri(uri)  # code under test sets it too; a test's own runs must go there as well
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():
         mlflow.end_run()

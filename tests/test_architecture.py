@@ -1,12 +1,13 @@
 """The architecture, checked by import-linter's contracts in pyproject.toml: the layers (a package imports only
 from below), only `tracker/store/` imports MLflow, nothing below the study imports it, and no import cycles between
 siblings. Each contract is shown to fail on the import it forbids, in a copy of the library. A search strategy takes no
-callable (it proposes; the study measures). Then the size limits: no module over 400 lines and no package with more
-than 12 modules."""
+callable (it proposes; the study measures). No private MLflow name is used, and tests leave MLflow's process globals
+alone. Then the size limits: no module over 400 lines and no package with more than 12 modules."""
 
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -80,3 +81,21 @@ def test_no_module_is_over_400_lines_and_no_package_holds_more_than_12_modules()
     crowded = {str(d.relative_to(ROOT)): n for d in [library, *library.rglob("*")] if d.is_dir()
                and (n := len([p for p in d.glob("*.py") if p.name != "__init__.py"])) > MAX_PACKAGE_MODULES}
     assert not crowded, f"packages with more than {MAX_PACKAGE_MODULES} modules (split them): {crowded}"
+
+
+PRIVATE_MLFLOW = re.compile(r"\bmlflow(\.\w+)*\._\w|from mlflow[\w.]* import [^\n]*\b_\w")
+MLFLOW_GLOBALS = re.compile(r"\bmlflow\.(set_tracking_uri|set_experiment)\(")
+
+
+def test_no_private_mlflow_name_is_used_and_tests_leave_mlflows_process_globals_alone():
+    """MLflow's private names change without notice, and its process-global URI and experiment (`set_tracking_uri`,
+    `set_experiment`) cannot be undone through its public API: tests choose their store by MLFLOW_TRACKING_URI, which
+    monkeypatch undoes. The one call left is the tracker's own, where a caller set another store
+    (`store.connect.setup_tracking`)."""
+    sources = [p for folder in ("tracker", "tests", "experiments", "benchmarks") for p in (ROOT / folder).rglob("*.py")]
+    private = [f"{p.relative_to(ROOT)}:{n}" for p in sources
+               for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if PRIVATE_MLFLOW.search(line)]
+    assert not private, f"private MLflow names used: {private}"
+    setting = [f"{p.relative_to(ROOT)}:{n}" for p in sources if p.name != "connect.py"
+               for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if MLFLOW_GLOBALS.search(line)]
+    assert not setting, f"MLflow's process globals set (use MLFLOW_TRACKING_URI, or an experiment id): {setting}"

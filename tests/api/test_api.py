@@ -70,8 +70,7 @@ def test_log_attempt_outside_a_run_makes_a_top_level_run(store, model, feeds):
 @pytest.mark.slow
 def test_log_attempt_inside_an_active_run_nests_and_checks_against_given_outputs(store, model, feeds):
     expected = [feeds["X"] @ (onnx.numpy_helper.to_array(model.graph.initializer[0]) + np.eye(8)) + 1.0]
-    mlflow.set_experiment("api")
-    with mlflow.start_run(run_name="training") as parent:
+    with mlflow.start_run(run_name="training", experiment_id=store.create_experiment("api")) as parent:
         result = log_attempt(model, feeds, name="exported", config=FAST, baseline_outputs=expected,
                              tolerance=EXACT)
     run = store.get_run(result.run_id)

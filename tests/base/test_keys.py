@@ -7,10 +7,11 @@ import itertools
 
 import mlflow.utils.validation
 import pytest
+from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
-from mlflow.utils.validation import _validate_metric
 
 from tests.commands import assert_one_line_error, run_cli, run_names
+from tests.conftest import seed_sqlite_store
 from tracker.api import Study
 from tracker.base.keys import MAX_EXPERIMENT_NAME_LENGTH, MAX_KEY_LENGTH, metric_keys, sanitize_key
 
@@ -42,25 +43,33 @@ NAMES = [
 ]
 
 
-def _mlflow_accepts(key: str) -> bool:
-    try:
-        _validate_metric(key, 1.0, 0, 0)  # name characters, path normalization and length
-    except MlflowException:
-        return False
-    return True
+@pytest.fixture(scope="module")
+def mlflow_accepts(tmp_path_factory):
+    """Whether MLflow takes a metric key (its name characters, path normalization and length): logged to a run of a
+    real sqlite store."""
+    client = MlflowClient(seed_sqlite_store(tmp_path_factory.mktemp("keys") / "mlflow.db", tmp_path_factory))
+    run_id = client.create_run(client.create_experiment("keys")).info.run_id
+
+    def accepts(key: str) -> bool:
+        try:
+            client.log_metric(run_id, key, 1.0)
+        except MlflowException:
+            return False
+        return True
+    return accepts
 
 
-def test_the_validator_rejects_what_the_facts_say_it_rejects():
+def test_the_validator_rejects_what_the_facts_say_it_rejects(mlflow_accepts):
     # Guards the helper: if MLflow stopped rejecting these, the tests below would prove nothing.
     for bad in ["/a", "a//b", "..", "a/./b", ".", "a+b", "a=b", "x[0]", "n" * 251]:
-        assert not _mlflow_accepts(bad), bad
-    assert _mlflow_accepts("op.MatMul.pct")
+        assert not mlflow_accepts(bad), bad
+    assert mlflow_accepts("op.MatMul.pct")
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_sanitized_keys_are_accepted_by_mlflow(name):
+def test_sanitized_keys_are_accepted_by_mlflow(name, mlflow_accepts):
     key = sanitize_key(name)
-    assert _mlflow_accepts(key), key
+    assert mlflow_accepts(key), key
     assert 0 < len(key) <= MAX_KEY_LENGTH
 
 
@@ -99,14 +108,14 @@ def test_sanitize_key_is_deterministic():
     [("op", "pct"), ("node", "us_per_run"), ("node.by_run", "calls_per_run")],
     ids=["op-pct", "node-time", "long-prefix-and-suffix"],
 )
-def test_metric_keys_are_accepted_and_keep_under_250_chars(prefix, suffix):
+def test_metric_keys_are_accepted_and_keep_under_250_chars(prefix, suffix, mlflow_accepts):
     names = [p.values[0] for p in NAMES]
     keys = metric_keys(prefix, names, suffix)
     assert list(keys) == names
     for name, key in keys.items():
         assert len(key) <= MAX_KEY_LENGTH, name
         assert key.startswith(f"{prefix}.") and key.endswith(f".{suffix}")
-        assert _mlflow_accepts(key), key
+        assert mlflow_accepts(key), key
     assert len(set(keys.values())) == len(names)
 
 

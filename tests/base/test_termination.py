@@ -37,7 +37,6 @@ def test_sigterm_swallowed_in_a_weakref_callback_still_ends_the_process_with_143
 def test_sigterm_that_surfaces_as_another_error_is_an_interruption_not_an_attempt_failure(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
 
     def evaluate(outputs):  # a C extension's import cut by the signal re-raises it as an ImportError
         try:

@@ -135,7 +135,7 @@ def test_the_link_a_study_logs_opens_its_run_in_the_runs_view_and_attempts_show_
 
     isolate_mlflow(monkeypatch)
     client = mlflow.MlflowClient(study.uri)
-    mlflow.set_tracking_uri(server)  # the link as a study logging to this server writes it
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server)  # the link as a study logging to this server writes it
     link = write.run_link(client.get_run(study.study_run_id))
     assert link.endswith("?workflowType=machine_learning")
     open_ui(page, link, wait_for=study.name)

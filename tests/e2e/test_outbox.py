@@ -43,8 +43,6 @@ def test_attempts_measured_after_the_server_died_are_kept_and_uploaded_later(
 ):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)  # mlflow.set_experiment exports it
     model = make_linear_model(n_features=8)
     feeds = {"X": np.random.default_rng(0).standard_normal((2, 8)).astype(np.float32)}
     caplog.set_level(logging.ERROR, logger="tracker")
@@ -62,7 +60,6 @@ def test_attempts_measured_after_the_server_died_are_kept_and_uploaded_later(
     assert mlflow.active_run() is None, "no dead run is left on this process's run stack"
 
     server.start()
-    mlflow.set_tracking_uri(server.uri)
     assert main(["upload", str(tmp_path / "outbox")]) == 0
     client = MlflowClient(tracking_uri=server.uri)
     runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("outage").experiment_id])}

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-import mlflow
 import pytest
 
 from tests.conftest import isolate_mlflow, new_sqlite_store
@@ -107,7 +106,7 @@ def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes:
     with pytest.MonkeyPatch.context() as mp:
         isolate_mlflow(mp)
         mp.setenv(OUTBOX_ENV, str(folder / "outbox"))
-        mlflow.set_tracking_uri(uri)
+        mp.setenv("MLFLOW_TRACKING_URI", uri)
         with write.study_run(name, experiment=name, params={}, tags={}) as parent:
             ids = []
             for run in runs:

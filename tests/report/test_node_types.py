@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import mlflow
 import pytest
 from mlflow import MlflowClient
 
@@ -48,8 +47,6 @@ def _logged_table(study, tmp_path: Path, name: str = "attempts") -> list[dict]:
 def tracking(monkeypatch):
     def use(study):
         monkeypatch.setenv("MLFLOW_TRACKING_URI", study.uri)
-        # MLflow's own setting wins over the variable: an earlier test may have left a server's URI there.
-        mlflow.set_tracking_uri(study.uri)
         return study
     return use
 

@@ -194,7 +194,7 @@ def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path
     experiment_id = client.create_experiment("logged", artifact_location=str(tmp_path / "artifacts"))
     built = build_study_report(rows, tmp_path / "built", study="report", best="baseline")
     isolate_mlflow(monkeypatch)
-    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with mlflow.start_run(experiment_id=experiment_id) as run:
         write.log_study_report(run.info.run_id, built.html, built.tables)
     logged = {a.path for a in client.list_artifacts(run.info.run_id, "report")}

@@ -21,7 +21,7 @@ def test_an_uploaded_cluster_study_names_the_best_of_each_node_type(tmp_path_fac
 
     study = log_cluster_study(tmp_path_factory, "unfinished", RUNS, NODES, summary=False)
     isolate_mlflow(monkeypatch)
-    mlflow.set_tracking_uri(study.uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", study.uri)
     assert TAG_BEST not in mlflow.MlflowClient().get_run(study.study_run_id).data.tags  # its end was missed
     assert _end_study(study.study_run_id, saved_metrics={})
     tags = mlflow.MlflowClient().get_run(study.study_run_id).data.tags

@@ -6,19 +6,17 @@ empties it."""
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 from collections import Counter
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import onnx
 import pytest
 from onnx import numpy_helper
 
-from tests.conftest import FAST_SPEEDUP, seed_sqlite_store
+from tests.conftest import FAST_SPEEDUP, isolate_mlflow, seed_sqlite_store
 from tests.search.conftest import SENSITIVE, make_sensitive_mlp
 from tracker.api import Study
 from tracker.cli import main
@@ -58,13 +56,9 @@ def mlp(tmp_path_factory):
     feeds = {"X": np.random.default_rng(1).standard_normal((64, 256)).astype(np.float32)}
     with pytest.MonkeyPatch.context() as patch:
         uri = seed_sqlite_store(folder / "mlflow.db", tmp_path_factory)
+        isolate_mlflow(patch)  # the URI the study exports may not outlive this fixture
         patch.setenv("MLFLOW_TRACKING_URI", uri)
         patch.setenv("TRACKER_OUTBOX", str(folder / "outbox"))
-        patch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
-        # mlflow.set_experiment exports the experiment's id; MLflow keeps the URI: neither may outlive this fixture.
-        patch.setenv("MLFLOW_EXPERIMENT_ID", os.environ.get("MLFLOW_EXPERIMENT_ID", ""))
-        patch.delenv("MLFLOW_EXPERIMENT_ID")
-        patch.setattr(mlflow.tracking._tracking_service.utils, "_tracking_uri", None)
         first = _search(None, path, feeds, folder / "cache", "first")
     return path, feeds, folder / "cache", first
 

@@ -71,24 +71,14 @@ def server_folder():
 def server_client(tracking_server, monkeypatch, tmp_path):
     """This test's process points at the server (as a user would, by MLFLOW_TRACKING_URI); its client."""
     uri = tracking_server.tracking_uri
-    previous_uri = mlflow.tracking._tracking_service.utils._tracking_uri
-    previous_experiment = os.environ.get("MLFLOW_EXPERIMENT_ID")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.delenv("MLFLOW_EXPERIMENT_ID", raising=False)
     monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    monkeypatch.setattr(mlflow.tracking.fluent, "_active_experiment_id", None)
     monkeypatch.chdir(tmp_path)  # anything written to the working directory (an outbox) stays in tmp_path
-    mlflow.set_tracking_uri(uri)
     yield MlflowClient(tracking_uri=uri)
     while mlflow.active_run():
         mlflow.end_run()
-    # mlflow.set_experiment and set_tracking_uri export MLFLOW_EXPERIMENT_ID and MLFLOW_TRACKING_URI to
-    # os.environ for subprocesses: a later test's `mlflow run --experiment-name` would refuse the id.
-    mlflow.set_tracking_uri(previous_uri)
-    if previous_experiment is None:
-        os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
-    else:
-        os.environ["MLFLOW_EXPERIMENT_ID"] = previous_experiment
 
 
 def wait_for_export(lines: list[str], proc: subprocess.Popen, *, timeout_s: float) -> str:

@@ -11,7 +11,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -124,7 +123,6 @@ def test_runs_of_another_host_and_of_a_live_process_are_left_alone(store, tmp_pa
                                                 TAG_PID_STARTED: me["started_s"]}).info.run_id
     reused = client.create_run(experiment, tags={TAG_HOST: me["host"], TAG_PID: me["pid"],  # the pid, reused
                                                  TAG_PID_STARTED: str(float(me["started_s"]) - 100)}).info.run_id
-    mlflow.set_tracking_uri(store)
 
     ended = end_abandoned_in([experiment], by="a test")
 

@@ -112,7 +112,6 @@ def test_a_model_without_a_tensor_signature_is_logged_without_one_and_says_so(st
 
 
 def test_a_record_mlflow_refuses_whole_stays_and_blocks_nothing_however_often_upload_runs(store, tmp_path, capsys):
-    mlflow.set_tracking_uri(store)
     gone = MlflowClient(store).create_experiment("deleted later")
     MlflowClient(store).delete_experiment(gone)
     _kept(tmp_path, "a")
@@ -133,7 +132,6 @@ def test_a_record_mlflow_refuses_whole_stays_and_blocks_nothing_however_often_up
 
 
 def test_an_upload_cut_off_midway_leaves_one_run_per_record_after_the_next(store, tmp_path):
-    mlflow.set_tracking_uri(store)
     halfway, logged = _kept(tmp_path, "halfway"), _kept(tmp_path, "logged")
     # A try that died after creating the run of "halfway", and one that died after logging "logged" whole.
     partial = kept_runs.create_kept_run(AttemptRecord("halfway", "kept", "onnxruntime"), source=halfway)

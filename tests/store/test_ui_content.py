@@ -8,7 +8,6 @@ import json
 import logging
 from dataclasses import dataclass
 
-import mlflow
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -75,7 +74,7 @@ def test_the_studys_last_log_line_links_to_its_run_in_the_runs_view(logged):
 def test_the_link_to_a_run_on_a_server_carries_no_credentials(logged, monkeypatch):
     isolate_mlflow(monkeypatch)
     run = MlflowClient(logged.uri).get_run(logged.study_run_id)
-    mlflow.set_tracking_uri("http://alice:s3cret@tracking.example:5000/")  # nothing is contacted
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://alice:s3cret@tracking.example:5000/")  # nothing is contacted
     assert write.run_link(run) == (f"http://tracking.example:5000/#/experiments/{logged.experiment_id}/runs/"
                                    f"{logged.study_run_id}?workflowType=machine_learning")
 

@@ -8,7 +8,6 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-import mlflow
 import onnx
 import pytest
 from mlflow import MlflowClient
@@ -205,7 +204,7 @@ def test_a_study_cut_off_by_an_outage_gets_its_summary_and_report_and_keeps_its_
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     with Study("order", feeds=feeds, experiment="order", config=FAST, log_models=False) as study:
         study.attempt("baseline", model)
-        mlflow.set_tracking_uri(_dead_server_uri())  # the tracking server goes away
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", _dead_server_uri())  # the tracking server goes away
         # Named against the alphabet: an upload in folder order must not reorder them.
         study.attempt("zz_second", model, session=SessionConfig(graph_optimization_level="disable"))
         study.attempt("aa_third", model, session=SessionConfig(graph_optimization_level="basic"))

@@ -36,7 +36,11 @@ def setup_tracking(uri: str | None = None, *, timeout_s: float | None = None) ->
         _check_server(uri, timeout_s)
     else:
         _open_store(uri)
-    mlflow.set_tracking_uri(uri)
+    # The variable MLflow reads (and its child processes inherit); its process-global URI only where the caller set
+    # that to another store, which would otherwise win.
+    os.environ["MLFLOW_TRACKING_URI"] = uri
+    if mlflow.get_tracking_uri() != uri:
+        mlflow.set_tracking_uri(uri)
     return uri
 
 
