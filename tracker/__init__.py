@@ -1,40 +1,21 @@
 """Make ONNX model optimization measurable: every attempt becomes an MLflow run you can compare."""
 
-from tracker.base.lazy import lazy_getattr
+from tracker.base.lazy import lazy_exports
 
-# Public names (what the docs' examples import) and their modules, imported on first use so `tracker summarize` does
-# not pay for importing MLflow. `module:attribute` where the public name is not the module's.
-_EXPORTS = {
-    "Study": "tracker.api",
-    "StudySetup": "tracker.api",
-    "GenerationScenario": "tracker.api",
-    "log_attempt": "tracker.api",
-    "Verdict": "tracker.base.vocabulary",
-    "Status": "tracker.base.vocabulary",
-    "Phase": "tracker.base.vocabulary",
-    "Attempt": "tracker.measure.attempt",
-    "AttemptResult": "tracker.measure.attempt",
-    "MeasureConfig": "tracker.measure.attempt",
-    "Measured": "tracker.outcome",
-    "Failed": "tracker.outcome",
-    "Pending": "tracker.outcome",
-    "TimingConfig": "tracker.measure.timing.latency",
-    "SessionConfig": "tracker.measure.runtimes.ort_runtime",
-    "SearchConfig": "tracker.search.result",
-    "ModelInfo": "tracker.optimize",
+# Public names (what the docs' examples import), by the module that defines them, imported on first use so that
+# `tracker summarize` does not pay for importing MLflow.
+__all__, __getattr__ = lazy_exports(__name__, {
+    "tracker.api": ("Study", "StudySetup", "GenerationScenario", "log_attempt"),
+    "tracker.base.vocabulary": ("Verdict", "Status", "Phase"),
+    "tracker.measure.attempt": ("Attempt", "AttemptResult", "MeasureConfig"),
+    "tracker.outcome": ("Measured", "Failed", "Pending"),
+    "tracker.measure.timing.latency": ("TimingConfig",),
+    "tracker.measure.runtimes.ort_runtime": ("SessionConfig",),
+    "tracker.search.result": ("SearchConfig",),
+    "tracker.optimize": ("ModelInfo",),
     # A task's tolerance per precision (`study.search(..., tolerance=tracker.tolerances("embedding"))`).
-    "tolerances": "tracker.measure.accuracy.task_diff:task_tolerances",
-    "Tolerance": "tracker.measure.accuracy.output_diff",
-    "EXACT": "tracker.measure.accuracy.output_diff",
-    "FP32": "tracker.measure.accuracy.output_diff",
-    "FP16": "tracker.measure.accuracy.output_diff",
-    "INT8": "tracker.measure.accuracy.output_diff",
-    "parse_profile": "tracker.profile.parse",
-    "summarize": "tracker.profile.aggregate",
-    "diff_summaries": "tracker.profile.aggregate",
-    "compare_outputs": "tracker.measure.accuracy.output_diff",
-}
-
-__all__ = sorted(_EXPORTS)
-
-__getattr__ = lazy_getattr(__name__, _EXPORTS)
+    "tracker.measure.accuracy.task_diff": ("tolerances=task_tolerances",),
+    "tracker.measure.accuracy.output_diff": ("Tolerance", "EXACT", "FP32", "FP16", "INT8", "compare_outputs"),
+    "tracker.profile.parse": ("parse_profile",),
+    "tracker.profile.aggregate": ("summarize", "diff_summaries"),
+})

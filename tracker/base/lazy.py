@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib import import_module
 
 
-def lazy_getattr(package: str, exports: Mapping[str, str]) -> Callable[[str], object]:
-    """The module `__getattr__` of `package` that imports `exports[name]` when `name` is first read.
+def lazy_exports(package: str, by_module: Mapping[str, Sequence[str]]) -> tuple[list[str], Callable[[str], object]]:
+    """`package`'s `__all__` and its module `__getattr__`, which imports a public name's module when the name is first
+    read.
 
-    `exports[name]` is the module that defines `name`, or `module:attribute` where the public name is not the
-    module's (`"tolerances": "tracker.measure.accuracy.task_diff:task_tolerances"`).
+    Args:
+        by_module: the public names each module defines; `public=attribute` where the public name is not the
+            module's own (`"tolerances=task_tolerances"`).
     """
+    where = {}
+    for module, names in by_module.items():
+        for name in names:
+            public, _, attribute = name.partition("=")
+            where[public] = (module, attribute or public)
 
     def __getattr__(name: str) -> object:
-        if name not in exports:
+        if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        module, _, attribute = exports[name].partition(":")
-        return getattr(import_module(module), attribute or name)
+        module, attribute = where[name]
+        return getattr(import_module(module), attribute)
 
-    return __getattr__
+    return sorted(where), __getattr__
