@@ -46,6 +46,7 @@ from tracker.search.cache import MadeModels
 from tracker.search.result import Strategy
 from tracker.search.run import ForwardSearch
 from tracker.store import connect, write
+from tracker.store.summary import log_candidate_runs
 from tracker.summary import log_report, log_summary
 
 logger = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ class Study:
         """Keeps a search's `result` for the report, its candidates timed only on the screen logged as light runs."""
         self.search_result = result
         try:  # the table on the study run holds the same rows: losing these runs loses no figure
-            write.log_candidate_runs(result.candidate_runs(self.name), study_run=self.run)
+            log_candidate_runs(result.candidate_runs(self.name), study_run=self.run)
         except Exception as e:
             logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
                            "report/search_candidates.json holds them", type(e).__name__, e)

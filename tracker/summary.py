@@ -16,7 +16,8 @@ from tracker.report.search import build_search_report
 from tracker.report.study import build_study_report
 from tracker.run.record import keep, save_summary
 from tracker.search import SearchResult
-from tracker.store import connect, faults, write
+from tracker.store import connect, faults
+from tracker.store.summary import log_study_report, log_study_summary
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def log_summary(rows: Sequence[AttemptRow], metrics: Mapping[str, float], *, stu
     best, tags = pick_best(rows), scenario_tags(rows)
     try:
         connect.ensure_reachable()
-        write.log_study_summary(run_id, metrics=metrics, best=best, tags=tags)
+        log_study_summary(run_id, metrics=metrics, best=best, tags=tags)
     except Exception as e:
         why = "could not log" if faults.is_outage(e) else "the tracking store refused"
         try:
@@ -54,9 +55,9 @@ def log_report(rows: Sequence[AttemptRow], folder: Path, *, study: str, run_id: 
     try:
         built = build_study_report(rows, folder, study=study, best=best, rooflines=rooflines,
                                    phase_rooflines=phase_rooflines)
-        write.log_study_report(run_id, built.html, built.tables)
+        log_study_report(run_id, built.html, built.tables)
         if search is not None:
             page = build_search_report(search, rows, folder, study=study, best=best)
-            write.log_study_report(run_id, page.html, page.tables)
+            log_study_report(run_id, page.html, page.tables)
     except Exception as e:
         logger.error("could not log the report of study %s (%s: %s%s)", study, type(e).__name__, e, no_space_note(e))

@@ -101,6 +101,7 @@ def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes:
     from tracker.report.scenarios import scenario_tags
     from tracker.report.study import build_study_report
     from tracker.store import read, write
+    from tracker.store.summary import log_study_report, log_study_summary
 
     folder, uri, _ = new_sqlite_store(tmp_path_factory, name)
     with pytest.MonkeyPatch.context() as mp:
@@ -120,7 +121,7 @@ def log_cluster_study(tmp_path_factory, name: str, runs: tuple[Run, ...], nodes:
                 return LoggedStudy(uri, parent.info.run_id, ids)
             rows = [compare.row_from_run(r) for r in read.fetch_runs(ids, tables=())]
             best = pick_best(rows)
-            write.log_study_summary(parent.info.run_id, metrics=study_counts(rows), best=best, tags=scenario_tags(rows))
+            log_study_summary(parent.info.run_id, metrics=study_counts(rows), best=best, tags=scenario_tags(rows))
             built = build_study_report(rows, folder / "report", study=name, best=best)
-            write.log_study_report(parent.info.run_id, built.html, built.tables)
+            log_study_report(parent.info.run_id, built.html, built.tables)
     return LoggedStudy(uri, parent.info.run_id, ids)

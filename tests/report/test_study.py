@@ -36,7 +36,7 @@ from tracker.report.rows import (
 )
 from tracker.report.study import build_study_report, write_report
 from tracker.run.content import rows_from_results
-from tracker.store import write
+from tracker.store.summary import log_study_report
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,
                      timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0.0),
@@ -196,7 +196,7 @@ def test_log_study_report_logs_the_page_and_each_table_for_the_ui(rows, tmp_path
     isolate_mlflow(monkeypatch)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     with mlflow.start_run(experiment_id=experiment_id) as run:
-        write.log_study_report(run.info.run_id, built.html, built.tables)
+        log_study_report(run.info.run_id, built.html, built.tables)
     logged = {a.path for a in client.list_artifacts(run.info.run_id, "report")}
     assert logged == {"report/study_report.html", "report/attempts.json", "report/ops_by_attempt.json",
                       "report/graph_changes_by_attempt.json"}

@@ -27,7 +27,8 @@ from tracker.base.termination import defers_sigterm
 from tracker.run.record import AttemptRecord
 from tracker.store import faults
 from tracker.store.runs import create_run, end_run, end_run_quietly, experiment_id_for
-from tracker.store.write import log_record, log_study_report, log_study_summary
+from tracker.store.summary import log_study_report, log_study_summary
+from tracker.store.write import log_record
 
 logger = logging.getLogger(__name__)
 

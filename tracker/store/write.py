@@ -1,8 +1,8 @@
-"""Writing a study to the tracking store as it runs: the study run, its nested attempt runs, what an attempt
-record logs on its run (each part on its own, a refused one left out and named), and the study's summary.
+"""Writing a study to the tracking store as it runs: the study run, its nested attempt runs, and what an attempt
+record logs on its run (each part on its own, a refused one left out and named).
 
-The model and feeds in MLflow's forms are `tracker.store.model_and_feeds`'; the runs of records the outbox kept
-are `tracker.store.kept_runs`'. Connecting is `tracker.store.connect`'s; reading studies back (for
+The model and feeds in MLflow's forms are `tracker.store.model_and_feeds`'; the study's end (its summary, report and
+candidates' runs) is `tracker.store.summary`'; the runs of records the outbox kept are `tracker.store.kept_runs`'. Connecting is `tracker.store.connect`'s; reading studies back (for
 `tracker compare`) is `tracker.store.read`'s.
 """
 
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 import traceback
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import mlflow
@@ -21,13 +20,9 @@ from mlflow.data.dataset import Dataset
 from mlflow.entities import Param, Run, RunTag
 
 from tracker.base.keys import (
-    NO_BEST,
     ROLE_ATTEMPT,
-    ROLE_CANDIDATE,
     ROLE_STUDY,
     TAG_ATTEMPT,
-    TAG_BEST,
-    TAG_BEST_MODEL,
     TAG_ERROR,
     TAG_MODEL_ID,
     TAG_NOT_LOGGED,
@@ -84,7 +79,7 @@ def study_run(
         with deferred():  # SIGTERM waits: a run started must get its tags, and end FAILED below
             run = _open_study_run(study, experiment)
             run_id = run.info.run_id
-            _log_batch(run_id, params=params, tags={TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags})
+            log_batch(run_id, params=params, tags={TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags})
         abandoned.end_abandoned_in([run.info.experiment_id], by=f"study {study}")
         if _on_server():  # its runs can be watched there while the study runs
             logger.info("study %s: view it at %s", study, run_link(run))
@@ -172,7 +167,7 @@ def log_failure(run_id: str, error: BaseException | str, traceback_text: str | N
     if isinstance(error, BaseException):
         traceback_text = traceback_text or "".join(traceback.format_exception(error))
         error = f"{type(error).__name__}: {error}"
-    _log_batch(run_id, tags={TAG_STATUS: Status.FAILED, TAG_ERROR: error[:_MAX_TAG_CHARS]})
+    log_batch(run_id, tags={TAG_STATUS: Status.FAILED, TAG_ERROR: error[:_MAX_TAG_CHARS]})
     mlflow.MlflowClient().log_text(run_id, traceback_text or error, "error.txt")
 
 
@@ -198,17 +193,17 @@ def log_record(record: AttemptRecord, run_id: str, *, steps: StepTimes | None = 
     if record.model_path:
         with steps.step("model_logging"):
             model_id = _log_model(record, run_id, Path(record.model_path), left_out)
-    figures = _clean_metrics(model_figures(record.metrics))  # the rest went with `_record_parts`
+    figures = clean_metrics(model_figures(record.metrics))  # the rest went with `_record_parts`
     if figures:  # on the run, and linked to its logged model and the feeds they were measured on: the Models tab
         # shows a dataset's metrics as columns
         _log_part("model figures", lambda: mlflow.log_metrics(figures, run_id=run_id, model_id=model_id,
                                                               dataset=dataset), left_out)
     if model_id is not None:
-        _log_part("model id tag", lambda: _log_batch(run_id, tags={TAG_MODEL_ID: model_id}), left_out)
+        _log_part("model id tag", lambda: log_batch(run_id, tags={TAG_MODEL_ID: model_id}), left_out)
     if left_out:
         note = "; ".join(f"{part}: {why}" for part, why in left_out.items())
         logger.warning("attempt %s: MLflow refused part of its run, logged without it: %s", record.attempt, note)
-        _log_part("note", lambda: _log_batch(run_id, tags={TAG_NOT_LOGGED: note[:_MAX_TAG_CHARS]}), {})
+        _log_part("note", lambda: log_batch(run_id, tags={TAG_NOT_LOGGED: note[:_MAX_TAG_CHARS]}), {})
     if record.status == "FAILED":
         log_failure(run_id, record.error or "failed", record.traceback)
     return left_out
@@ -243,13 +238,13 @@ def _record_parts(record: AttemptRecord, run_id: str, dataset: Dataset | None):
     feeds."""
     client = mlflow.MlflowClient()
     if record.params:
-        yield "params", lambda: _log_batch(run_id, params=record.params)
+        yield "params", lambda: log_batch(run_id, params=record.params)
     figures = model_figures(record.metrics)
     others = {k: v for k, v in record.metrics.items() if k not in figures}
     if others:  # the model's figures are logged with the model (`log_record`)
-        yield "metrics", lambda: mlflow.log_metrics(_clean_metrics(others), run_id=run_id)
+        yield "metrics", lambda: mlflow.log_metrics(clean_metrics(others), run_id=run_id)
     if record.tags:
-        yield "tags", lambda: _log_batch(run_id, tags=record.tags)
+        yield "tags", lambda: log_batch(run_id, tags=record.tags)
     if record.artifact_dir:
         yield "artifacts", lambda: client.log_artifacts(run_id, record.artifact_dir)
         for name in record.tables:
@@ -260,8 +255,8 @@ def _record_parts(record: AttemptRecord, run_id: str, dataset: Dataset | None):
         yield "dataset", lambda: log_feeds_input(run_id, dataset)
 
 
-def _log_batch(run_id: str, *, params: Mapping[str, object] | None = None,
-               tags: Mapping[str, object] | None = None) -> None:
+def log_batch(run_id: str, *, params: Mapping[str, object] | None = None,
+              tags: Mapping[str, object] | None = None) -> None:
     """`params` and `tags` on the run `run_id`, as text (cut to MLflow's lengths)."""
     mlflow.MlflowClient().log_batch(
         run_id, params=[Param(k, str(v)[:6000]) for k, v in (params or {}).items()],
@@ -270,7 +265,7 @@ def _log_batch(run_id: str, *, params: Mapping[str, object] | None = None,
 
 def _log_table_file(run_id: str, artifact_dir: Path, name: str) -> None:
     table = pd.read_csv(artifact_dir / "tables" / f"{name}.csv", dtype={C.KEY: str})
-    mlflow.MlflowClient().log_table(run_id, _json_safe(table), artifact_file=f"tables/{name}.json")
+    mlflow.MlflowClient().log_table(run_id, json_safe(table), artifact_file=f"tables/{name}.json")
 
 
 def _log_model(record: AttemptRecord, run_id: str, path: Path, left_out: dict[str, str]) -> str | None:
@@ -292,73 +287,11 @@ def _log_model(record: AttemptRecord, run_id: str, path: Path, left_out: dict[st
     return None
 
 
-def _clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+def clean_metrics(metrics: Mapping[str, float]) -> dict[str, float]:
+    """`metrics` with MLflow-safe keys (`sanitize_key`) and float values."""
     return {sanitize_key(k): float(v) for k, v in metrics.items()}  # valid keys come back unchanged
 
 
-def _json_safe(table: pd.DataFrame) -> pd.DataFrame:
-    # log_table writes JSON: nullable ints and NaN become None
+def json_safe(table: pd.DataFrame) -> pd.DataFrame:
+    """`table` as `log_table` can write it: it writes JSON, so nullable ints and NaN become None."""
     return table.astype(object).where(table.notna(), None)
-
-
-@defers_sigterm
-def log_candidate_runs(candidates: Sequence[Mapping[str, Mapping]], *, study_run: Run) -> list[str]:
-    """Logs each candidate of a search that was timed but not measured in full as a light run nested under the
-    study run: its `params`, `metrics` and `tags` (`tracker.role` = "candidate", so `tracker compare` and the study
-    report, which read attempt runs, leave them out). Returns the run ids."""
-    ids = []
-    for candidate in candidates:
-        tags = {**candidate["tags"], TAG_ROLE: ROLE_CANDIDATE}
-        run = create_run(str(tags.get(TAG_ATTEMPT, "candidate")), experiment_id=study_run.info.experiment_id,
-                         parent_run_id=study_run.info.run_id)
-        try:
-            _log_batch(run.info.run_id, params=candidate["params"], tags=tags)
-            mlflow.log_metrics(_clean_metrics(candidate["metrics"]), run_id=run.info.run_id)
-        except BaseException:
-            end_run_quietly(run.info.run_id, "FAILED")
-            raise
-        end_run(run.info.run_id, "FINISHED")
-        ids.append(run.info.run_id)
-    return ids
-
-
-@defers_sigterm
-def log_study_summary(run_id: str, *, metrics: Mapping[str, float], best: str | None,
-                      tags: Mapping[str, str] | None = None) -> None:
-    """Logs on the study run `run_id` (by its id: never on whichever run is active) its metrics, the best attempt that
-    passed its check (`tracker.best_attempt`) and other tags of the summary (e.g. each scenario's best,
-    `tracker.report.scenarios.scenario_tags`).
-
-    The table of its attempts is the report's `report/attempts.json` (`log_study_report`).
-    """
-    from mlflow.entities import Metric, RunTag
-
-    now = int(time.time() * 1000)
-    mlflow.MlflowClient().log_batch(
-        run_id, metrics=[Metric(key, value, now, 0) for key, value in _clean_metrics(metrics).items()],
-        tags=[RunTag(key, value) for key, value in {**(tags or {}), TAG_BEST: best or NO_BEST}.items()])
-    if best:
-        _mark_best_model(run_id, best)
-
-
-def _mark_best_model(study_run_id: str, best: str) -> None:
-    """Tags the logged model of the study's best attempt `tracker.best=true`, so the Models tab marks it; a study
-    whose best has no logged model (a plain file, `log_models=False`) has nothing to mark."""
-    client = mlflow.MlflowClient()
-    experiment = client.get_run(study_run_id).info.experiment_id
-    children = client.search_runs([experiment], filter_string=f"tags.mlflow.parentRunId = '{study_run_id}'",
-                                  max_results=5000)
-    for run in children:
-        model_id = run.data.tags.get(TAG_MODEL_ID)
-        if run.data.tags.get(TAG_ATTEMPT) == best and run.data.tags.get(TAG_ROLE) != ROLE_CANDIDATE and model_id:
-            client.set_logged_model_tags(model_id, {TAG_BEST_MODEL: "true"})
-
-
-@defers_sigterm
-def log_study_report(run_id: str, html: str | Path, tables: Mapping[str, pd.DataFrame]) -> None:
-    """Logs the study report on the study run `run_id`: `report/<html file name>` and each table as
-    `report/<name>.json` with `mlflow.log_table`, so the UI's table view shows them."""
-    mlflow.MlflowClient().log_artifact(run_id, str(html), "report")
-    for name, table in tables.items():
-        if not table.empty:  # an empty table (no graph change) has nothing to show in the UI
-            mlflow.log_table(_json_safe(table), artifact_file=f"report/{name}.json", run_id=run_id)
