@@ -163,13 +163,14 @@ def test_a_budget_that_cannot_cover_a_graph_leaves_every_row_with_the_reason(tar
 
 def test_a_leaders_row_says_what_its_full_measurement_gave_back():
     rows = [Row(name, name, "quantization", stage="speed_screen") for name in ("a", "b", "c")]
+    outcomes = [Measured(AttemptResult(attempt=Attempt(name="a", model=Path("a.onnx")))), Pending("b", 3),
+                Failed("c", "the node went away")]
 
-    full_measurement(rows[0], Measured(AttemptResult(attempt=Attempt(name="a", model=Path("a.onnx")))))
-    full_measurement(rows[1], Pending("b", 3))
-    full_measurement(rows[2], Failed("c", "the node went away"))
+    measured = [full_measurement(row, outcome) for row, outcome in zip(rows, outcomes)]
 
-    assert [(r.stage, r.status) for r in rows] == [("full", "timed"), ("full", "timed"), ("full", "failed")]
-    assert rows[2].reason == "its full measurement failed: the node went away"
+    assert [(r.stage, r.status) for r in measured] == [("full", "timed"), ("full", "timed"), ("full", "failed")]
+    assert measured[2].reason == "its full measurement failed: the node went away"
+    assert [(r.stage, r.status) for r in rows] == [("speed_screen", "screened")] * 3  # a row is never changed
 
 
 def _drive(search: Strategy, answer: Callable[[Proposal], Outcome] = lambda p: Pending(p.entry.name, 0),

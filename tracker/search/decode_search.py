@@ -22,7 +22,7 @@ from tracker.optimize.quantize.prepare import model_bytes
 from tracker.outcome import Outcome
 from tracker.search.budget import Budget
 from tracker.search.decode import DecodeSpace, DecodeTarget, added_rounding, check_decode, screen_decode, step_bytes
-from tracker.search.result import STAGES, Proposal, Row, SearchConfig, SearchResult, full_measurement
+from tracker.search.result import STAGES, Proposal, Row, Rows, SearchConfig, SearchResult, full_measurement
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class DecodeSearch:
                  config: SearchConfig = SearchConfig(), full_attempt_s: float = 120.0) -> None:
         self.target, self.workdir, self.space, self.config = target, Path(workdir), space or DecodeSpace(), config
         self.budget, self.full_attempt_s = Budget(config.budget_s), full_attempt_s
-        self.rows: list[Row] = []
+        self.rows = Rows()
         self.chains: dict[str, Chain] = {}
         self.stages = StepTimes(dict.fromkeys(STAGES, 0.0))
         self.leaders: list[tuple[float, str]] = []
@@ -59,11 +59,11 @@ class DecodeSearch:
         yield from self._full()
 
     def record(self, proposal: Proposal, outcome: Outcome) -> None:
-        full_measurement(next(r for r in self.rows if r.name == proposal.entry.name), outcome)
+        self.rows.put(full_measurement(self.rows[proposal.entry.name], outcome))
 
     def result(self) -> SearchResult:
-        return SearchResult(self.rows, [], self.stages.seconds, self.config.budget_s, self.budget.spent(),
-                            leaders=self.leaders)
+        return SearchResult(tuple(self.rows), (), dict(self.stages.seconds), self.config.budget_s, self.budget.spent(),
+                            leaders=tuple(self.leaders))
 
     def _reserve(self) -> float:  # the full measurement of the leaders
         return self.config.max_full * self.budget.expected("full", self.full_attempt_s)
@@ -73,27 +73,30 @@ class DecodeSearch:
             graphs = self._ordered(space)
         failed: list[tuple[str, frozenset[str], str]] = []  # (key, added rounding, name) of each graph that failed
         for index, (graph, candidates) in enumerate(graphs):
-            rows = [self._row(c) for c in candidates]
+            for chain in candidates:
+                self._add(chain)
             key, added = added_rounding(graph)
             worse = next((name for k, a, name in failed if k == key and a <= added), None)
             if worse is not None:
-                for row in rows:  # screened out, not left by the budget
-                    row.reason = f"not tried: {worse} failed the generation check, and this only adds rounding to it"
+                for chain in candidates:  # screened out, not left by the budget
+                    self.rows.update(chain.name, reason=f"not tried: {worse} failed the generation check, and this "
+                                                        "only adds rounding to it")
                 continue
             if not self.budget.fits("make", _GUESS_S["make"], reserve=self._reserve()):
-                for row in rows:
-                    row.status, row.reason = "skipped", "not tried: the budget was kept for the leaders"
+                for chain in candidates:
+                    self.rows.update(chain.name, status="skipped",
+                                     reason="not tried: the budget was kept for the leaders")
                 continue
             logger.info("decode search, graph %d/%d: %s (%d settings)", index + 1, len(graphs), graph.name,
                         len(candidates))
             folder = self.workdir / "made" / str(index)
             with self.stages.step("accuracy"):
-                made = self._make_and_check(graph, rows, folder)
+                made = self._make_and_check(graph, candidates, folder)
             if made is not None:
                 with self.stages.step("speed_screen"):
-                    for chain, row in zip(candidates, rows):
-                        self._screen(chain, made, row)
-            elif rows[0].passed is False:
+                    for chain in candidates:
+                        self._screen(chain, made)
+            elif self.rows[candidates[0].name].passed is False:
                 failed.append((key, added, graph.name))
             shutil.rmtree(folder, ignore_errors=True)  # the leaders are made again by the study, in full
             if len(self.budget.costs.get("make", ())) == 1:
@@ -116,7 +119,8 @@ class DecodeSearch:
         for graph, candidates in space.graphs():
             why = graph.why_not(proto, context)
             if why is not None:
-                self.rows.extend(Row(c.name, _family(c), "", reason=f"does not apply: {why}") for c in candidates)
+                for chain in candidates:
+                    self.rows.refuse(chain.name, _family(chain), why)
                 continue
             for chain in candidates:
                 expected[chain.name] = baseline / step_bytes(model, chain.steps, past_len=past, vocab=vocab)
@@ -135,41 +139,38 @@ class DecodeSearch:
                         expected[first], last, expected[last], len(found), sum(len(c) for _, c in found))
         return found
 
-    def _row(self, chain: Chain) -> Row:
-        row = Row(chain.name, _family(chain), chain.kind, stage="accuracy", pipeline=chain.name)
-        self.rows.append(row)
+    def _add(self, chain: Chain) -> None:
+        self.rows.add(Row(chain.name, _family(chain), chain.kind, stage="accuracy", pipeline=chain.name))
         self.chains[chain.name] = chain
-        return row
 
-    def _make_and_check(self, graph: Chain, rows: list[Row], folder: Path) -> Candidate | None:
-        """`graph` made on the decode-ready export and checked; its settings' rows say how (None: failed)."""
+    def _make_and_check(self, graph: Chain, settings: list[Chain], folder: Path) -> Candidate | None:
+        """`graph` made on the decode-ready export and checked; the rows of its `settings` say how (None: failed)."""
         try:
             with self.budget.timing("make"):
                 candidate = graph(self.target.decoder, folder, Context(info=self.target.info))
                 diff = check_decode(candidate, self.target, workdir=folder / "quality")
         except Exception as e:  # noqa: BLE001 -- a graph that cannot be made or run is a row with its reason
             reraise_if_received(e)
-            for row in rows:
-                row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
-            logger.warning("decode search: %s failed: %s", graph.name, rows[0].reason)
+            reason = f"{type(e).__name__}: {e}"[:300]
+            for chain in settings:
+                self.rows.update(chain.name, status="failed", reason=reason)
+            logger.warning("decode search: %s failed: %s", graph.name, reason)
             return None
         passed = bool(diff.passed) if diff.passed is not None else True
         margin = diff.quality.margin if diff.quality is not None else None
         size = model_bytes(Path(candidate.path))
-        for row in rows:
-            row.precision, row.passed, row.margin, row.size_bytes = candidate.precision, passed, margin, size
-            row.diff = diff.metrics()
-            row.params = {**candidate.params, "precision": candidate.precision}
-            if not passed:
-                row.reason = "generation check failed: " + _failure(diff)
+        for chain in settings:
+            self.rows.update(chain.name, precision=candidate.precision, passed=passed, margin=margin, size_bytes=size,
+                             diff=diff.metrics(), params={**candidate.params, "precision": candidate.precision},
+                             reason="" if passed else "generation check failed: " + _failure(diff))
         logger.info("decode search: %s %s the generation check (greedy agreement %.2f%s)", graph.name,
                     "passed" if passed else "failed", diff.token_agreement,
                     f", perplexity {diff.quality.ppl_increase:+.1%}" if diff.quality is not None else "")
         return candidate if passed else None
 
-    def _screen(self, chain: Chain, graph: Candidate, row: Row) -> None:
+    def _screen(self, chain: Chain, graph: Candidate) -> None:
         if not self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve()):
-            row.status, row.reason = "skipped", "not timed: the budget ran out"
+            self.rows.update(chain.name, status="skipped", reason="not timed: the budget ran out")
             return
         leader = max([r.screen_ci_low for r in self.rows if r.passed and r.screen_ci_low is not None], default=1.0)
         candidate = _session_of(chain, graph)
@@ -178,14 +179,14 @@ class DecodeSearch:
                 found, raced_out = screen_decode(candidate, self.target, must_beat=max(1.0, leader))
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot be timed is a row with its reason
             reraise_if_received(e)
-            row.status, row.reason = "failed", f"decode screen: {type(e).__name__}: {e}"[:300]
+            self.rows.update(chain.name, status="failed", reason=f"decode screen: {type(e).__name__}: {e}"[:300])
             return
-        row.stage = "speed_screen"
-        row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
+        self.rows.update(chain.name, stage="speed_screen", screen_speedup=found.speedup, screen_ci_low=found.ci_low,
+                         screen_ci_high=found.ci_high)
         logger.info("decode search, screen: %s %.2fx [%.2f, %.2f]%s", chain.name, found.speedup, found.ci_low,
                     found.ci_high, f": {raced_out}" if raced_out else "")
         if raced_out:
-            row.reason = f"decode screen: {raced_out}"
+            self.rows.update(chain.name, reason=f"decode screen: {raced_out}")
         elif found.ci_low > max(1.0, leader):
             self.leaders.append((self.budget.spent(), chain.name))
             logger.info("decode search: %s leads after %.0f s (lower bound %.2fx)", chain.name, self.budget.spent(),
@@ -206,12 +207,13 @@ class DecodeSearch:
         top = pool[0].screen_ci_low if pool else None
         for rank, row in enumerate(pool):
             if rank >= self.config.max_full:
-                row.reason = f"decode screen: {row.screen_speedup:.2f}x, behind the {self.config.max_full} leaders"
+                self.rows.update(row.name, reason=f"decode screen: {row.screen_speedup:.2f}x, behind the "
+                                                  f"{self.config.max_full} leaders")
             elif top is not None and row.screen_ci_high is not None and row.screen_ci_high < top:
-                row.reason = (f"decode screen: {row.screen_speedup:.2f}x [{row.screen_ci_low:.2f}, "
-                              f"{row.screen_ci_high:.2f}], below the leader's interval")
+                self.rows.update(row.name, reason=f"decode screen: {row.screen_speedup:.2f}x [{row.screen_ci_low:.2f}, "
+                                                  f"{row.screen_ci_high:.2f}], below the leader's interval")
             elif not self.budget.fits("full", self.full_attempt_s):
-                row.status, row.reason = "skipped", "not measured in full: the budget ran out"
+                self.rows.update(row.name, status="skipped", reason="not measured in full: the budget ran out")
             else:
                 logger.info("decode search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
                 with self.stages.step("full"), self.budget.timing("full"):

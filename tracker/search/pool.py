@@ -14,7 +14,7 @@ from tracker.optimize import Candidate, Chain, Context, Entry
 from tracker.optimize.quantize.prepare import model_bytes
 from tracker.search.budget import Budget
 from tracker.search.cache import Cached, SearchCache
-from tracker.search.result import Row
+from tracker.search.result import Row, Rows
 from tracker.search.screen import AccuracyCheck
 from tracker.search.space import family
 
@@ -41,32 +41,24 @@ class CandidatePool:
                  cache: SearchCache | None, budget: Budget) -> None:
         self.source, self.workdir, self.context, self.check = source, workdir, context, check
         self.cache, self.budget = cache, budget
-        self.rows: list[Row] = []
-        self.by_name: dict[str, Row] = {}
+        self.rows = Rows()
         self.made: dict[str, tuple[Entry, Candidate]] = {}
         self.made_s: dict[str, float] = {}  # seconds each took to make (the leaders' runs log it)
         self.cached: dict[str, Cached] = {}  # what the cache held of each candidate
         self.hits: dict[str, Cached | None] = {}  # the cache's entries read to order the candidates, until used
 
-    def row(self, entry: Entry, **fields) -> Row:
-        """A new row for `entry`, in the search's table."""
-        row = Row(entry.name, family(entry), entry.kind,
-                  pipeline=entry.name if isinstance(entry, Chain) else None, **fields)
-        self.rows.append(row)
-        self.by_name[entry.name] = row
-        return row
-
     def make_and_check(self, entry: Entry, *, stage: str, reserve: float, fallback_of: str | None = None) -> Row | None:
         """`entry`'s row, its candidate made (or taken from the cache) and checked; skipped when making it would not
         leave `reserve` seconds of the budget for the later stages; None when it has a row already."""
-        if entry.name in self.by_name:
+        if entry.name in self.rows:
             return None
-        row = self.row(entry, stage=stage, fallback_of=fallback_of)
-        if self._from_cache(entry, row):
-            return row
+        self.rows.add(Row(entry.name, family(entry), entry.kind, stage=stage, fallback_of=fallback_of,
+                          pipeline=entry.name if isinstance(entry, Chain) else None))
+        if self._from_cache(entry):
+            return self.rows[entry.name]
         if not self.budget.fits("make", MAKE_GUESS_S, reserve=reserve):
-            row.status, row.reason = "skipped", "not tried: the budget was kept for the later stages"
-            return row
+            return self.rows.update(entry.name, status="skipped",
+                                    reason="not tried: the budget was kept for the later stages")
         try:
             with self.budget.timing("make"):
                 start = time.perf_counter()
@@ -75,33 +67,32 @@ class CandidatePool:
                 check = self.check(candidate)
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot be made or run is a row with its reason
             reraise_if_received(e)
-            row.status, row.reason = "failed", f"{type(e).__name__}: {e}"[:300]
+            row = self.rows.update(entry.name, status="failed", reason=f"{type(e).__name__}: {e}"[:300])
             logger.warning("search: %s failed: %s", entry.name, row.reason)
             return row
-        row.precision, row.passed, row.margin = candidate.precision, check.passed, check.margin
-        row.params = {**candidate.params, "precision": candidate.precision}
-        row.diff = {k: v for k, v in check.metrics.items() if k.startswith("diff.")}
-        row.size_bytes = _size(candidate.path)
+        size_bytes = _size(candidate.path)
+        row = self.rows.update(
+            entry.name, precision=candidate.precision, passed=check.passed, margin=check.margin,
+            params={**candidate.params, "precision": candidate.precision},
+            diff={k: v for k, v in check.metrics.items() if k.startswith("diff.")}, size_bytes=size_bytes,
+            reason="" if check.passed else f"accuracy check failed (margin {check.margin:.3f})")
         self.made[entry.name], self.made_s[entry.name] = (entry, candidate), made_s
         if self.cache is not None:
             self.cache.put(entry, candidate, passed=check.passed, margin=check.margin, metrics=row.diff,
-                           size_bytes=row.size_bytes, made_s=made_s)
-        if not check.passed:
-            row.reason = f"accuracy check failed (margin {check.margin:.3f})"
+                           size_bytes=size_bytes, made_s=made_s)
         logger.info("search: %s %s its accuracy check (margin %.3f)", entry.name,
                     "passed" if check.passed else "failed", check.margin)
         return row
 
-    def _from_cache(self, entry: Entry, row: Row) -> bool:
-        """Fills `row` from the cache's check of `entry` (and makes its cached model the candidate); False on a miss,
-        or when the model it needs is not there."""
+    def _from_cache(self, entry: Entry) -> bool:
+        """Fills `entry`'s row from the cache's check of it (and makes its cached model the candidate); False on a
+        miss, or when the model it needs is not there."""
         hit = self.hits.pop(entry.name) if entry.name in self.hits else self.cache.get(entry) if self.cache else None
         if hit is None or (hit.candidate is None and (hit.passed or "exclude" in entry.knobs())):
             return False
-        row.precision, row.passed, row.margin = hit.precision, hit.passed, hit.margin
-        row.params, row.diff, row.size_bytes = hit.params, hit.metrics, hit.size_bytes
-        if not hit.passed:
-            row.reason = f"accuracy check failed (margin {hit.margin:.3f})"
+        self.rows.update(entry.name, precision=hit.precision, passed=hit.passed, margin=hit.margin, params=hit.params,
+                         diff=hit.metrics, size_bytes=hit.size_bytes,
+                         reason="" if hit.passed else f"accuracy check failed (margin {hit.margin:.3f})")
         if hit.candidate is not None:
             self.made[entry.name] = (entry, hit.candidate)
             self.made_s[entry.name] = hit.made_s

@@ -1,6 +1,7 @@
-"""What a search is given and what it answers: its config (`SearchConfig`), a row per candidate (where it ended and
-why), the result with its counts, metrics and light candidate runs, and the lines the command prints; and how a study
-runs one (`Strategy`: it proposes its leaders, the study measures each and hands back the outcome).
+"""What a search is given and what it answers: its config (`SearchConfig`), a frozen row per candidate (where it ended
+and why) in a table that keeps their order (`Rows`), the result with its counts, metrics and light candidate runs, and
+the lines the command prints; and how a study runs one (`Strategy`: it proposes its leaders, the study measures each
+and hands back the outcome).
 
 Running the stages is `tracker.search.run`'s (and `decode_search`'s).
 """
@@ -8,9 +9,9 @@ Running the stages is `tracker.search.run`'s (and `decode_search`'s).
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -53,13 +54,13 @@ class Strategy(Protocol):
     def result(self) -> SearchResult: ...
 
 
-def full_measurement(row: Row, outcome: Outcome) -> None:
-    """`row`'s last stage, from what measuring it in full gave back."""
-    row.stage = "full"
+def full_measurement(row: Row, outcome: Outcome) -> Row:
+    """`row` at its last stage, from what measuring it in full gave back."""
     if isinstance(outcome, Failed):
-        row.status, row.reason = "failed", f"its full measurement failed: {outcome.reason}"[:300]
-    else:  # measured here, or sent to a cluster's nodes: its runs are the study's either way
-        row.status, row.reason = "timed", "measured in full (a nested run)"
+        return replace(row, stage="full", status="failed",
+                       reason=f"its full measurement failed: {outcome.reason}"[:300])
+    # Measured here, or sent to a cluster's nodes: its runs are the study's either way.
+    return replace(row, stage="full", status="timed", reason="measured in full (a nested run)")
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,9 @@ class SearchConfig:
                              f"{self.max_fallbacks}, {self.max_chains}")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Row:
-    """One candidate of the search: where it ended and why."""
+    """One candidate of the search: where it ended and why. A stage that moves it on makes a new one (`Rows.update`)."""
 
     name: str
     family: str
@@ -122,16 +123,62 @@ class Row:
     params: dict[str, str] = field(default_factory=dict)  # what the candidate's entry did (its knobs among them)
 
 
-@dataclass
-class SearchResult:
-    """What the search did: a row per candidate, the sensitivity fallbacks, seconds per stage."""
+class Rows:
+    """A search's table: its rows in the order they were added, a candidate's found by its name (`rows[name]`). A row
+    is frozen: a stage that moves a candidate on puts its new row in the old one's place (`update`)."""
 
-    rows: list[Row]
-    sensitivities: list[Sensitivity]
-    stage_seconds: dict[str, float]
+    def __init__(self) -> None:
+        self._rows: list[Row] = []
+        self._at: dict[str, int] = {}  # each candidate's place in `_rows`
+
+    def add(self, row: Row) -> Row:
+        """`row`, a candidate's, at the end of the table: found by its name from now on."""
+        self._at[row.name] = len(self._rows)
+        self._rows.append(row)
+        return row
+
+    def refuse(self, name: str, family: str, why: str) -> None:
+        """A row at the end of the table for `name`, which does not apply (`why`): no kind, and never moved on."""
+        self._rows.append(Row(name, family, "", reason=f"does not apply: {why}"))
+
+    def put(self, row: Row) -> Row:
+        """`row` in the place of the candidate's row of its name."""
+        self._rows[self._at[row.name]] = row
+        return row
+
+    def update(self, name: str, **changes: Any) -> Row:
+        """Candidate `name`'s row with `changes` (fields of `Row`), in its place: the new row."""
+        return self.put(replace(self[name], **changes))
+
+    def add_reason(self, name: str, reason: str, **changes: Any) -> Row:
+        """Candidate `name`'s row with `reason` after the reason it had (and `changes`), in its place: the new row."""
+        row = self[name]
+        return self.put(replace(row, reason=(row.reason + "; " if row.reason else "") + reason, **changes))
+
+    def __getitem__(self, name: str) -> Row:
+        return self._rows[self._at[name]]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._at
+
+    def __iter__(self) -> Iterator[Row]:  # the rows as they are now: a stage may update some as it goes
+        return iter(tuple(self._rows))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """What the search did: a row per candidate, the sensitivity fallbacks, seconds per stage. Made once, when the
+    search is done (`Strategy.result`)."""
+
+    rows: tuple[Row, ...]
+    sensitivities: tuple[Sensitivity, ...]
+    stage_seconds: Mapping[str, float]
     budget_s: float | None
     seconds: float = 0.0
-    leaders: list[tuple[float, str]] = field(default_factory=list)  # (seconds into the search, name): each new leader
+    leaders: tuple[tuple[float, str], ...] = ()  # (seconds into the search, name): each new leader
 
     def first_led(self, name: str) -> float | None:
         """Seconds into the search when `name` first led the screen (the best passing lower bound), or None."""

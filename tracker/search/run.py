@@ -101,11 +101,11 @@ class ForwardSearch:
                 logger.info("search cache %s: %s", self.cache.root, self.cache.reused_line())
 
     def record(self, proposal: Proposal, outcome: Outcome) -> None:
-        full_measurement(self.pool.by_name[proposal.entry.name], outcome)
+        self.pool.rows.put(full_measurement(self.pool.rows[proposal.entry.name], outcome))
 
     def result(self) -> SearchResult:
-        return SearchResult(self.pool.rows, self.sensitivities, self.stages.seconds, self.config.budget_s,
-                            self.budget.spent(), leaders=self.leaders)
+        return SearchResult(tuple(self.pool.rows), tuple(self.sensitivities), dict(self.stages.seconds),
+                            self.config.budget_s, self.budget.spent(), leaders=tuple(self.leaders))
 
     def _reserve(self, after: str) -> float:
         """Seconds the stages after `after` are expected to need."""
@@ -120,7 +120,7 @@ class ForwardSearch:
             found, refused = candidates(graph, self.context, entries=self.config.entries,
                                               per_entry=self.config.per_entry, knobs=self.config.knobs)
         for name, why in refused.items():
-            self.pool.rows.append(Row(name, name, "", reason=f"does not apply: {why}"))
+            self.pool.rows.refuse(name, name, why)
         mixed = interleave(by_family(found).values())
         self.pool.hits = {e.name: self.cache.get(e) for e in mixed} if self.cache is not None else {}
         measured = {n: v for n, hit in self.pool.hits.items() if hit is not None and (v := hit.expected()) is not None}
@@ -181,20 +181,20 @@ class ForwardSearch:
 
     def _screened(self, *, wait: bool) -> None:
         for name, kind, screened in self.screens.finished(wait=wait):
-            row, found, raced_out = self.pool.by_name[name], screened.speedup, screened.raced_out
+            found, raced_out = screened.speedup, screened.raced_out
             if found is None:
-                row.status, row.reason = "failed", f"speed screen: {screened.error}"
+                self.pool.rows.update(name, status="failed", reason=f"speed screen: {screened.error}")
                 self.pool.drop(name)
                 continue
-            row.screen_speedup, row.screen_ci_low, row.screen_ci_high = found.speedup, found.ci_low, found.ci_high
-            row.stage, row.node = "speed_screen", screened.node_id
+            row = self.pool.rows.update(name, screen_speedup=found.speedup, screen_ci_low=found.ci_low,
+                                        screen_ci_high=found.ci_high, stage="speed_screen", node=screened.node_id)
             logger.info("search, %s: %s %.2fx [%.2f, %.2f]%s%s%s", kind.replace("_", " "), name, found.speedup,
                         found.ci_low, found.ci_high, "" if row.passed else " (failed its accuracy check)",
                         f" on node {screened.node_id[:12]}" if screened.node_id else "",
                         f": {raced_out}" if raced_out else "")
             self._note_leader(row)
             if raced_out:  # it cannot win: out of the running now, not after more timing
-                row.reason = (row.reason + "; " if row.reason else "") + f"speed screen: {raced_out}"
+                self.pool.rows.add_reason(name, f"speed screen: {raced_out}")
                 self.pool.drop(name)
 
     def _note_leader(self, row: Row) -> None:  # the leader: the best passing lower bound, above the baseline's 1.0
@@ -209,13 +209,11 @@ class ForwardSearch:
         if self.budget.fits("screen", _GUESS_S["screen"], reserve=self._reserve("speed_screen")):
             self._screen(name, wait=False)
             return
-        row = self.pool.by_name[name]
-        row.status = "skipped"
-        row.reason = (row.reason + "; " if row.reason else "") + "not timed: the budget ran out"
+        self.pool.rows.add_reason(name, "not timed: the budget ran out", status="skipped")
 
     def _drop_unrescuable(self) -> None:
         for name in list(self.pool.made):  # a failing candidate the fallback cannot rescue, or that was not timed
-            row = self.pool.by_name[name]
+            row = self.pool.rows[name]
             if not row.passed and ("exclude" not in self.pool.made[name][0].knobs() or row.screen_speedup is None):
                 self.pool.drop(name)
 
@@ -227,7 +225,7 @@ class ForwardSearch:
         hopeful.sort(key=lambda r: -(r.screen_speedup or 0))
         for row in hopeful[: self.config.max_fallbacks]:
             if not self.budget.fits("fallback", _GUESS_S["fallback"], reserve=self._reserve("fallback")):
-                row.reason += "; no fallback: the budget ran out"
+                self.pool.rows.add_reason(row.name, "no fallback: the budget ran out")
                 break
             entry, _ = self.pool.made[row.name]
             logger.info("search, fallback: %s (%.2fx on the screen) failed its check: finding the nodes that cost "
@@ -244,13 +242,14 @@ class ForwardSearch:
                         self.cache.put_sensitivity(entry, found)
             self.sensitivities.append(found)
             if found.found is None:
-                row.reason += f"; fallback: {found.stopped}"
+                self.pool.rows.add_reason(row.name, f"fallback: {found.stopped}")
                 continue
-            row.reason += f"; fallback {found.found.name} keeps {len(found.kept)} node(s) in fp32"
+            self.pool.rows.add_reason(row.name, f"fallback {found.found.name} keeps {len(found.kept)} node(s) in fp32")
             rescued = self.pool.make_and_check(found.found, stage="fallback", fallback_of=row.name,
                                                reserve=self._reserve("accuracy"))
             if rescued is not None and rescued.passed:
-                rescued.reason = f"{len(found.kept)} node(s) kept in fp32 by the sensitivity fallback"
+                self.pool.rows.update(rescued.name,
+                                      reason=f"{len(found.kept)} node(s) kept in fp32 by the sensitivity fallback")
                 self._screen(found.found.name)
         for row in list(self.pool.rows):
             if row.passed is False and row.name in self.pool.made:
@@ -283,30 +282,32 @@ class ForwardSearch:
         timed = [r for r in self.pool.rows if r.passed and r.screen_speedup is not None and r.name in self.pool.made]
         timed.sort(key=lambda r: -(r.screen_speedup or 0))
         for row in timed[max(1, min(6, (len(timed) + 1) // 2)):]:
-            row.reason = f"speed screen: {row.screen_speedup:.2f}x, not in the better half"
+            self.pool.rows.update(row.name, reason=f"speed screen: {row.screen_speedup:.2f}x, not in the better half")
             self.pool.drop(row.name)
         rung = [r for r in timed if r.name in self.pool.made]
         with self.stages.step("speed_screen"):
             for row in rung:
                 if self.budget.fits("long_screen", _GUESS_S["long_screen"], reserve=self._reserve("speed_screen")):
                     self._screen(row.name, LONG_SCREEN, "long_screen")
-        rung = [r for r in rung if r.name in self.pool.made]  # less those the long screen raced out
+        # Their rows as the long screen left them, less those it raced out.
+        rung = [self.pool.rows[r.name] for r in rung if r.name in self.pool.made]
         rung.sort(key=lambda r: -(r.screen_speedup or 0))
         top = rung[0].screen_ci_low if rung else None
         finals: list[Row] = []
         for row in rung:
             if len(finals) >= self.config.max_full:
-                row.reason = f"speed screen: {row.screen_speedup:.2f}x, behind the {self.config.max_full} leaders"
+                reason = f"speed screen: {row.screen_speedup:.2f}x, behind the {self.config.max_full} leaders"
             elif top is not None and row.screen_ci_high is not None and row.screen_ci_high < top:
-                row.reason = (f"speed screen: {row.screen_speedup:.2f}x [{row.screen_ci_low:.2f}, "
-                              f"{row.screen_ci_high:.2f}], below the leader's interval")
+                reason = (f"speed screen: {row.screen_speedup:.2f}x [{row.screen_ci_low:.2f}, "
+                          f"{row.screen_ci_high:.2f}], below the leader's interval")
             else:
                 finals.append(row)
                 continue
+            self.pool.rows.update(row.name, reason=reason)
             self.pool.drop(row.name)
         for row in finals:
             if not self.budget.fits("full", self.full_attempt_s):
-                row.status, row.reason = "skipped", "not measured in full: the budget ran out"
+                self.pool.rows.update(row.name, status="skipped", reason="not measured in full: the budget ran out")
                 continue
             logger.info("search, full measurement: %s (%.2fx on the screen)", row.name, row.screen_speedup)
             entry, candidate = self.pool.made[row.name]
