@@ -26,7 +26,8 @@ from typing import TypeVar
 from tracker.base.errors import RecordError, TrackerError
 from tracker.base.keys import NO_BEST, ROLE_STUDY, TAG_BEST, TAG_ROLE, TAG_STUDY
 from tracker.base.termination import deferred
-from tracker.run.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries, load_record, load_summary
+from tracker.run.loading import load_record, load_summary
+from tracker.run.record import SUMMARY_FILE, AttemptRecord, find_records, find_summaries
 from tracker.store import abandoned, faults
 
 T = TypeVar("T")

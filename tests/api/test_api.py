@@ -122,7 +122,8 @@ def test_an_attempt_that_fails_before_measuring_is_kept_in_the_outbox_when_the_s
 ):
     import sqlite3
 
-    from tracker.run.record import find_records, load_record
+    from tracker.run.loading import load_record
+    from tracker.run.record import find_records
 
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     with Study("s", feeds=feeds, experiment="api", config=FAST) as study:

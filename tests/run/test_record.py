@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tracker.base.errors import RecordError
-from tracker.run.record import RECORD_FILE, AttemptRecord, load_record, save_record
+from tracker.run.loading import load_record
+from tracker.run.record import RECORD_FILE, AttemptRecord, save_record
 
 # Written by `save_record` when `AttemptRecord` was a dataclass checked by hand (commit 10f83bf): every field
 # set, a NaN metric, feeds, a table, a file and a model.

@@ -17,7 +17,8 @@ from tests.models import make_linear_model
 from tracker import FP32, MeasureConfig, Study, TimingConfig, log_attempt, upload
 from tracker.base.errors import RecordError
 from tracker.measure.inputs.feeds_description import describe_feeds
-from tracker.run.record import RECORD_FILE, AttemptRecord, load_record, save_record
+from tracker.run.loading import load_record
+from tracker.run.record import RECORD_FILE, AttemptRecord, save_record
 from tracker.store import connect, write
 
 FAST = MeasureConfig(profile_runs=3, speedup=FAST_SPEEDUP,

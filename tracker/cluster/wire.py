@@ -20,7 +20,8 @@ from tracker.measure.attempt import Attempt
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.optimize import Candidate
-from tracker.run.record import AttemptRecord, load_record, save_record
+from tracker.run.loading import load_record
+from tracker.run.record import AttemptRecord, save_record
 
 MODEL_FILE = "model.onnx"  # the name of a model that travels from memory
 

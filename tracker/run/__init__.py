@@ -1,1 +1,2 @@
-"""What a run holds, as plain data: the record, filling it from a measured attempt, writing its files."""
+"""What a run holds, as plain data: the record (and the outbox that keeps it), reading a kept one back checked
+(`loading`), filling it from a measured attempt, writing its files."""
