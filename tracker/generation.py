@@ -17,17 +17,15 @@ from pathlib import Path
 import onnx
 
 from tracker.base.termination import reraise_if_received
-from tracker.measure.accuracy.lm_diff import LogitsTolerance
 from tracker.measure.accuracy.text_quality import TextQuality
 from tracker.measure.costmodel.machine import MachinePeaks, memory_gbps
 from tracker.measure.costmodel.roofline import Roofline
-from tracker.measure.generation.generation import GenerationConfig, GenerationResult, measure_generation
+from tracker.measure.generation.generation import GenerationResult, measure_generation
 from tracker.measure.generation.generation_check import compare_generations
-from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import SpeedupConfig
-from tracker.optimize import Context, Entry, EntryError, ModelInfo
-from tracker.search.decode import DecodeTarget
+from tracker.optimize import Context, Entry, EntryError
+from tracker.search.decode import DecodeSetup, DecodeTarget
 
 logger = logging.getLogger(__name__)
 
@@ -52,40 +50,30 @@ class GenerationFigures:
 
 @dataclass
 class GenerationScenario:
-    """Generation with a KV cache on a decode-ready export (`decoder`), measured for every attempt of a study.
+    """Generation with a KV cache on a decode-ready export (`setup.decoder`), measured for every attempt of a study.
 
     Attributes:
-        decoder: the decode-ready export of the study's source model (inputs and outputs for a KV cache).
-        config: what is timed (prefill and decode lengths, tokens generated, the length each speed-up is at).
-        session: ONNX Runtime settings; a session entry sets its own on top.
+        setup: the decode-ready export, what is timed, its ONNX Runtime settings, the check's tolerances and real text
+            (`tracker.search.decode.DecodeSetup`, which a decode search measures with too).
         speedup: how each phase is timed against the baseline's.
         max_positions: the longest sequence the model holds.
-        tolerances: the generation check's tolerance per precision ("fp32", "fp16", "int8", ...).
-        info: heads and hidden size, for the entries that fuse transformer blocks.
-        text: a language model's check on real text through each attempt's decode loop (`TextCheck`, decoder=True);
-            None when the study has no real text.
     """
 
-    decoder: Path
-    config: GenerationConfig
-    session: SessionConfig
+    setup: DecodeSetup
     speedup: SpeedupConfig
     max_positions: int
-    tolerances: Mapping[str, LogitsTolerance]
-    info: ModelInfo | None = None
-    text: TextCheck | None = None
     baseline: GenerationResult | None = field(default=None, init=False)
 
     def measure_baseline(self, *, machine: MachinePeaks | None, workdir: Path) -> GenerationFigures:
         """The baseline's generation, and its check against itself (every figure of a perfect match), so that every
         attempt carries the same `gen.diff.*` keys."""
         logger.info("generation: measuring the baseline's")
-        bandwidth = memory_gbps(threads=self.session.intra_op_num_threads)
-        result = measure_generation(self.decoder, session=self.session, config=self.config,
+        bandwidth = memory_gbps(threads=self.setup.session.intra_op_num_threads)
+        result = measure_generation(self.setup.decoder, session=self.setup.session, config=self.setup.config,
                                     max_positions=self.max_positions, machine=machine, workdir=workdir)
         self.baseline = result
         own = result.generation
-        quality = self._quality(self.decoder, self.session, "fp32", workdir, reference=True)
+        quality = self._quality(self.setup.decoder, self.setup.session, "fp32", workdir, reference=True)
         diff = compare_generations(own, own, along=own.step_logits, quality=quality)
         return GenerationFigures({**result.metrics(), **diff.metrics(), BANDWIDTH: bandwidth},
                                  {"gen.io_binding": str(result.io_binding), "gen.quote": QUOTE, **diff.params()},
@@ -96,15 +84,14 @@ class GenerationScenario:
         baseline's generation and text check."""
         if self.baseline is None:
             raise RuntimeError("measure the baseline's generation (measure_baseline) before a decode search")
-        return DecodeTarget(self.decoder, self.session, self.config, self.baseline.generation, self.tolerances,
-                            info=self.info, text=self.text)
+        return DecodeTarget(self.setup, self.baseline.generation)
 
     def _quality(self, model: Path, session: SessionConfig, precision: str, workdir: Path, *,
                  reference: bool = False) -> TextQuality | None:
         """The decode loop's quality on real text (`text`), or None without real text."""
-        if self.text is None:
+        if self.setup.text is None:
             return None
-        return self.text.measure(model, session, precision=precision, workdir=workdir / "quality", reference=reference)
+        return self.setup.text.measure(model, session, precision=precision, workdir=workdir / "quality", reference=reference)
 
     def measure_entry(self, entry: Entry, *, machine: MachinePeaks | None, workdir: Path,
                       graph_of: Callable[[Path], onnx.ModelProto]) -> GenerationFigures:
@@ -113,17 +100,17 @@ class GenerationScenario:
         if self.baseline is None:
             raise RuntimeError("measure the baseline's generation (measure_baseline) before an entry's")
         try:
-            candidate = entry(self.decoder, workdir, Context(info=self.info), graph=graph_of(self.decoder))
+            candidate = entry(self.setup.decoder, workdir, Context(info=self.setup.info), graph=graph_of(self.setup.decoder))
             logger.info("generation: measuring %s's", entry.name)
-            bandwidth = memory_gbps(threads=self.session.intra_op_num_threads)
-            result = measure_generation(candidate.path, session=candidate.session_on(self.session),
-                                        config=self.config, baseline=self.decoder, baseline_session=self.session,
+            bandwidth = memory_gbps(threads=self.setup.session.intra_op_num_threads)
+            result = measure_generation(candidate.path, session=candidate.session_on(self.setup.session),
+                                        config=self.setup.config, baseline=self.setup.decoder, baseline_session=self.setup.session,
                                         speedup=self.speedup,
                                         reference=self.baseline.generation, machine=machine,
                                         workdir=workdir / "profiles")
-            quality = self._quality(candidate.path, candidate.session_on(self.session), candidate.precision, workdir)
+            quality = self._quality(candidate.path, candidate.session_on(self.setup.session), candidate.precision, workdir)
             diff = compare_generations(self.baseline.generation, result.generation, along=result.along_reference,
-                                       tolerance=self.tolerances[candidate.precision], quality=quality)
+                                       tolerance=self.setup.tolerances[candidate.precision], quality=quality)
         except EntryError as e:  # it does not apply to the decode-ready model, or broke what the framework checks
             return GenerationFigures(params={"gen.error": f"on the decode-ready model: {e}"[:500]})
         except Exception as e:  # noqa: BLE001 -- a failure on the decode graph is a finding, logged on the attempt's run

@@ -21,6 +21,7 @@ from tracker.outcome import Failed, Measured, Outcome, Pending
 from tracker.search import SearchConfig
 from tracker.search.decode import (
     DECODE_SCREEN,
+    DecodeSetup,
     DecodeSpace,
     DecodeTarget,
     added_rounding,
@@ -46,8 +47,9 @@ def target(tiny_gpt2_decoder) -> DecodeTarget:
     prompt = np.random.default_rng(0).integers(0, 1000, size=(1, 8), dtype=np.int64)
     config = GenerationConfig(prefill_lens=(8,), decode_past_lens=(PAST,), prompt_len=8, new_tokens=8,
                               speedup_past_len=PAST, speedup_prefill_len=8)
-    return DecodeTarget(tiny_gpt2_decoder.path, session, config, decoder.greedy(prompt, 8), LOGITS_TOLERANCES,
+    setup = DecodeSetup(tiny_gpt2_decoder.path, config, session, LOGITS_TOLERANCES,
                         info=ModelInfo(num_heads=4, hidden_size=64))
+    return DecodeTarget(setup, decoder.greedy(prompt, 8))
 
 
 def _graph(tiny_gpt2_decoder) -> onnx.ModelProto:
@@ -93,7 +95,7 @@ def test_the_space_combines_weights_cache_and_settings_and_ranks_added_rounding(
 
 
 def test_a_decode_screen_races_out_a_candidate_that_cannot_beat_the_leader_and_reads_an_aa_near_one(target):
-    same = Candidate(path=target.decoder, applied=True, fusions={}, fully_optimized=None, precision="fp32")
+    same = Candidate(path=target.setup.decoder, applied=True, fusions={}, fully_optimized=None, precision="fp32")
 
     found, raced_out = screen_decode(same, target, must_beat=3.0)
 
@@ -128,7 +130,8 @@ def test_the_search_checks_each_graph_once_screens_its_settings_and_hands_the_le
 
 
 def test_a_graph_that_fails_the_check_spares_those_that_only_add_rounding_to_it(target, tmp_path):
-    strict = replace(target, tolerances={**LOGITS_TOLERANCES, "int4": replace(LOGITS_FP32, name="int4")})
+    tolerances = {**LOGITS_TOLERANCES, "int4": replace(LOGITS_FP32, name="int4")}
+    strict = replace(target, setup=replace(target.setup, tolerances=tolerances))
     space = DecodeSpace(weights=("int4_block32:accuracy_level=0", "int4_block32", "int4_block32:block_size=128"),
                         sessions=("io_binding",))
 

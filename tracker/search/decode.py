@@ -121,46 +121,58 @@ def _with_session(graph: Chain, session: str) -> Chain:
 
 
 @dataclass(frozen=True)
-class DecodeTarget:
-    """What a decode search measures against: the generation scenario's pieces (`GenerationScenario.target`).
+class DecodeSetup:
+    """A decode-ready export and how its decoding is run and judged: the generation scenario's
+    (`GenerationScenario.setup`), which a decode search measures with too.
 
     Attributes:
-        decoder: the decode-ready export, as the baseline decodes it.
-        session: the study's ONNX Runtime settings (the baseline's, without IO binding).
-        config: the scenario's config: the screen's past is its decode speed-up's (`phase_lens`).
-        reference: the baseline's greedy generation (its prompt, tokens and logits per step).
-        tolerances: the generation check's tolerance per precision.
-        info: heads and hidden size, for attention's fusion.
-        text: the check on real text through the decode loop (its baseline scored), or None.
+        decoder: the decode-ready export of the study's source model (inputs and outputs for a KV cache), as the
+            baseline decodes it.
+        config: what is timed (prefill and decode lengths, tokens generated, the length each speed-up is at): a decode
+            screen's past is its decode speed-up's (`phase_lens`).
+        session: the study's ONNX Runtime settings (the baseline's, without IO binding); a session entry sets its own
+            on top.
+        tolerances: the generation check's tolerance per precision ("fp32", "fp16", "int8", ...).
+        info: heads and hidden size, for the entries that fuse transformer blocks.
+        text: a language model's check on real text through the decode loop (`TextCheck`, decoder=True); None when
+            the study has no real text.
     """
 
     decoder: Path
-    session: SessionConfig
     config: GenerationConfig
-    reference: Generation
+    session: SessionConfig
     tolerances: Mapping[str, LogitsTolerance]
     info: ModelInfo | None = None
     text: TextCheck | None = None
 
+
+@dataclass(frozen=True)
+class DecodeTarget:
+    """What a decode search measures against (`GenerationScenario.target`): the scenario's setup, and the baseline's
+    greedy generation (its prompt, tokens and logits per step)."""
+
+    setup: DecodeSetup
+    reference: Generation
+
     @property
     def past_len(self) -> int:
-        return self.config.phase_lens[Phase.DECODE]
+        return self.setup.config.phase_lens[Phase.DECODE]
 
 
 def check_decode(candidate: Candidate, target: DecodeTarget, *, workdir: Path) -> GenerationDiff:
     """The generation check of `candidate` (a decode-ready model) against the baseline's generation, with no timing:
     greedy tokens from the baseline's prompt, the logits along the baseline's tokens within the tolerance of its
     precision, and the text check when the study has real text."""
-    session = candidate.session_on(target.session)
+    session = candidate.session_on(target.setup.session)
     decoder = DecoderSession.open(str(candidate.path), session)
     reference = target.reference
     own = decoder.greedy(reference.prompt, reference.tokens.shape[1])
     along = decoder.forced_logits(reference.prompt, reference.tokens)
     del decoder
     quality = None
-    if target.text is not None:
-        quality = target.text.measure(candidate.path, session, precision=candidate.precision, workdir=workdir)
-    return compare_generations(reference, own, along=along, tolerance=target.tolerances[candidate.precision],
+    if target.setup.text is not None:
+        quality = target.setup.text.measure(candidate.path, session, precision=candidate.precision, workdir=workdir)
+    return compare_generations(reference, own, along=along, tolerance=target.setup.tolerances[candidate.precision],
                                quality=quality)
 
 
@@ -171,10 +183,10 @@ def screen_decode(candidate: Candidate, target: DecodeTarget, *, must_beat: floa
     it stopped early (None when it ran its rounds)."""
     race = Race(must_beat)
     vocab = target.reference.step_logits[0].shape[-1]
-    tokens = phase_tokens(target.config, Phase.DECODE, target.past_len, vocab)
-    timing = time_phase(target.decoder, candidate.path, tokens=tokens, past_len=target.past_len,
-                        baseline_session=replace(target.session, decode_io_binding=False),
-                        session=candidate.session_on(target.session), config=config, stop=race.stop)
+    tokens = phase_tokens(target.setup.config, Phase.DECODE, target.past_len, vocab)
+    timing = time_phase(target.setup.decoder, candidate.path, tokens=tokens, past_len=target.past_len,
+                        baseline_session=replace(target.setup.session, decode_io_binding=False),
+                        session=candidate.session_on(target.setup.session), config=config, stop=race.stop)
     return timing.speedup, race.why
 
 
@@ -214,6 +226,10 @@ def _read_by_a_product(value: ir.Value) -> bool:
 
 @dataclass(frozen=True)
 class _Quantization:
+    """A chain's weight quantization as `step_bytes` counts it: `bits` per weight (32: none) in blocks of `block`
+    (`symmetric`: no zero point), the lm_head's own choice ("same", "int8" or "fp32"), and the modules kept at
+    8 bits."""
+
     bits: int
     block: int
     symmetric: bool

@@ -108,12 +108,12 @@ class DecodeSearch:
         fewest bytes any of their settings reads per step, in a group the least rounding first (a graph that fails
         spares those that only add to its rounding); each graph's settings by their bytes. Rows for those that do
         not apply."""
-        proto = onnx.load_model(str(self.target.decoder), load_external_data=False)
+        proto = onnx.load_model(str(self.target.setup.decoder), load_external_data=False)
         model = ir.from_proto(proto)  # once: each candidate's bytes are counted on it
         vocab = self.target.reference.step_logits[0].shape[-1]
         past = self.target.past_len
         baseline = step_bytes(model, (), past_len=past, vocab=vocab)
-        context = Context(info=self.target.info)
+        context = Context(info=self.target.setup.info)
         expected: dict[str, float] = {}
         groups: dict[str, list[tuple[Chain, list[Chain]]]] = {}
         for graph, candidates in space.graphs():
@@ -147,7 +147,7 @@ class DecodeSearch:
         """`graph` made on the decode-ready export and checked; the rows of its `settings` say how (None: failed)."""
         try:
             with self.budget.timing("make"):
-                candidate = graph(self.target.decoder, folder, Context(info=self.target.info))
+                candidate = graph(self.target.setup.decoder, folder, Context(info=self.target.setup.info))
                 diff = check_decode(candidate, self.target, workdir=folder / "quality")
         except Exception as e:  # noqa: BLE001 -- a graph that cannot be made or run is a row with its reason
             reraise_if_received(e)

@@ -26,7 +26,7 @@ from tracker.measure.generation.text_scoring import TextCheck, TextSet
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import FORWARD_ENTRIES, REGISTRY, ModelInfo, get_entry
 from tracker.search import SearchConfig
-from tracker.search.decode import DecodeSpace
+from tracker.search.decode import DecodeSetup, DecodeSpace
 from tracker.search.decode_search import DecodeSearch
 from tracker.store import connect
 
@@ -308,10 +308,9 @@ def run_gpt2_study(config: GPT2StudyConfig, *, experiment: str | None = None, wo
         tolerances = LOGITS_RECORDED if checked is not None else LOGITS_TOLERANCES
         scenario = None
         if decoder is not None:
-            scenario = GenerationScenario(decoder.path, config.generation, session=config.session,
-                                          speedup=config.measure.speedup, max_positions=decoder.max_positions,
-                                          tolerances=tolerances, info=info,
-                                          text=TextCheck(checked, bounds, decoder=True) if checked else None)
+            decode = DecodeSetup(decoder.path, config.generation, config.session, tolerances, info=info,
+                                 text=TextCheck(checked, bounds, decoder=True) if checked else None)
+            scenario = GenerationScenario(decode, speedup=config.measure.speedup, max_positions=decoder.max_positions)
         setup = StudySetup(tags={TAG_WEIGHTS: weights}, workdir=work / "measure", generation=scenario,
                            latency_feeds={f"s{n}": f for n, f in feeds.items()}, prior_steps=steps,
                            quality=TextCheck(checked, bounds) if checked is not None else None)
