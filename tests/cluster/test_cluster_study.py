@@ -22,8 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 from tests.conftest import new_sqlite_store
 from tracker.base.keys import ROLE_NODE_BASELINE, TAG_DISTURBED, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
 from tracker.cli import main
-from tracker.cluster.driver import TAG_BASELINE_RUN, TAG_RETRIED
 from tracker.cluster.node import METRIC_END, METRIC_START
+from tracker.cluster.records import TAG_BASELINE_RUN, TAG_RETRIED
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
               pytest.mark.skipif(local_cluster.namespace_error() is not None,

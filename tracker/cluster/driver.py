@@ -1,12 +1,15 @@
 """The driving side of a cluster (`Fanout`): one `NodeMeasurer` per measuring node, the study's attempts sent to
 free nodes (once per node type), each record logged as it comes back; a node that dies costs its attempt one retry
-elsewhere; Ctrl-C ends what is in flight as FAILED runs."""
+elsewhere; Ctrl-C ends what is in flight as FAILED runs.
+
+Which task a free node takes next is `tracker.cluster.measurers`'; logging each record under the study run, and the
+rows of those logged, `tracker.cluster.records`'.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import shutil
 from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,36 +18,25 @@ from typing import Any
 import numpy as np
 import onnx
 
-from tracker.base.errors import RecordError
-from tracker.base.files import make_work_folder
-from tracker.base.keys import ROLE_NODE_BASELINE, TAG_NODE, TAG_NODE_TYPE, TAG_ROLE
 from tracker.base.steps import StepTimes
 from tracker.base.terminal import one_line
 from tracker.base.termination import Terminated
-from tracker.base.vocabulary import RunStatus
 from tracker.cluster.address import Address, connect, import_ray, measuring_nodes
-from tracker.cluster.measurers import Node, ScreenTask, Task, start_measurers
+from tracker.cluster.measurers import DEPTH, Node, ScreenTask, Task, baselines_of, next_task, start_measurers, stranded
 from tracker.cluster.node import NodeInfo
-from tracker.cluster.records import RecordedRows
-from tracker.cluster.wire import MODEL_FILE, Job, ModelFiles, Returned, ScreenJob, unpack_record
+from tracker.cluster.records import StudyRecords
+from tracker.cluster.wire import MODEL_FILE, Job, ModelFiles, Returned, ScreenJob
 from tracker.measure.attempt import Attempt, AttemptResult
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import SpeedupConfig
 from tracker.optimize import Candidate
-from tracker.pipeline import AttemptSetup, log_or_keep
+from tracker.pipeline import AttemptSetup
 from tracker.report.rows import AttemptRow
-from tracker.run.content import attempt_params
-from tracker.run.record import AttemptRecord
 from tracker.search.screening import Screened
 
 logger = logging.getLogger(__name__)
 
-TAG_BASELINE_RUN = "tracker.baseline_run"  # an attempt's run: the run of the baseline it was judged against
-TAG_RETRIED = "tracker.cluster.retried"  # an attempt measured again after its node died: why
 POLL_S = 0.5  # a wait's granularity: Ctrl-C is handled between two
-# Tasks sent to a node's measurer at once: it measures one at a time, and starts the next as soon as one ends, while
-# the driver may be busy making a candidate.
-DEPTH = 2
 
 
 class Fanout:
@@ -66,7 +58,7 @@ class Fanout:
         self.study = study
         self.feeds = dict(feeds)
         self.steps = StepTimes()  # the nodes' measuring steps, summed (they overlap in time)
-        self.recorded = RecordedRows()
+        self.records = StudyRecords(study, self.steps)  # each logged as it comes back
         self._connected = False
         self._nodes: list[Node] = []
         self._queues: dict[str, deque[Task]] = {}  # node type -> attempts waiting for a node of that type
@@ -76,9 +68,6 @@ class Fanout:
         # and sent once however many attempts use it, and freed when the last of them is logged
         self._models: dict[str, list] = {}
         self._baselines: set[str] = set()  # runtimes whose baseline was sent
-        self._node_baseline_runs: dict[tuple[str, str], str] = {}  # (node id, runtime) -> its baseline's run id
-        self._work: Path | None = None  # where records are unpacked, then logged
-        self._parent: tuple[str | None, str | None] = (None, None)  # the study run's id and experiment id
         self._screens: deque[ScreenTask] = deque()  # a search's screens waiting for a node with its baseline
         self._screened: dict[int, Screened] = {}  # screens that came back, by number, until `screens` takes them
         self._screens_sent = 0
@@ -158,7 +147,7 @@ class Fanout:
         return self._result(seq)
 
     def _result(self, seq: int) -> AttemptResult:
-        outcomes = self.recorded.outcomes(seq)
+        outcomes = self.records.recorded.outcomes(seq)
         ok = [o for o in outcomes if o.error is None]
         if not outcomes:  # every node it was sent to stopped before it
             return AttemptResult(attempt=self._attempts[seq], error="no node measured it: every one stopped")
@@ -236,17 +225,15 @@ class Fanout:
         if self._connected:
             ray.shutdown()
             self._connected = False
-        if self._work is not None:
-            shutil.rmtree(self._work, ignore_errors=True)
+        self.records.close()
 
     def rows(self) -> list[AttemptRow]:
         """The rows of every run logged, in study order, each attempt's node types as the nodes were found."""
-        return self.recorded.rows(list(self._queues))  # its keys: the node types, as the nodes were found
+        return self.records.recorded.rows(list(self._queues))  # its keys: the node types, as the nodes were found
 
     def _start(self, setup: AttemptSetup) -> None:
         """Starts the nodes' measurers (`start_measurers`), and the folder their records are unpacked in."""
-        self._work = make_work_folder(f"tracker-{self.study}-records-")
-        self._parent = (setup.parent_run_id, setup.experiment_id)
+        self.records.open(setup)
         self._nodes = start_measurers(self.address, self.study, self.feeds, setup)
         self._queues = {node.info.node_type: deque() for node in self._nodes}  # the types, as the nodes were found
 
@@ -257,34 +244,19 @@ class Fanout:
         for depth in range(1, DEPTH + 1):
             for node in self._nodes:
                 while node.alive and len(node.sent) < depth:
-                    task = node.own.popleft() if node.own else self._next_for(node)
+                    task = next_task(node, self._queues[node.info.node_type], self._screens)
                     if task is None:
                         break
                     run = node.actor.screen if isinstance(task, ScreenTask) else node.actor.measure
                     node.sent.append((task, run.remote(task.job, task.model)))
         self._fail_stranded()
 
-    def _next_for(self, node: Node) -> Task | ScreenTask | None:
-        queue = self._queues[node.info.node_type]
-        for task in queue:
-            if task.job.attempt.runtime in node.runtimes:
-                queue.remove(task)
-                return task
-        return self._screens.popleft() if self._screens and "onnxruntime" in node.runtimes else None
-
     def _fail_stranded(self) -> None:
         """Attempts waiting for a node type none of whose live nodes has, or will have, their runtime's baseline:
         FAILED runs saying so."""
-        for node_type, queue in self._queues.items():
-            nodes = [n for n in self._nodes if n.alive and n.info.node_type == node_type]
-            able = set().union(*(_baselines_of(n) for n in nodes))
-            for task in [t for t in queue if t.job.attempt.runtime not in able]:
-                queue.remove(task)
-                why = (f"no live node of type {node_type!r} is left" if not nodes else
-                       f"no node of type {node_type!r} has a baseline of runtime {task.job.attempt.runtime!r} "
-                       "(it failed there)")
-                self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}")
-        if self._screens and not any(n.alive and "onnxruntime" in _baselines_of(n) for n in self._nodes):
+        for task, why in stranded(self._queues, self._nodes):
+            self._log_failed(task, f"{why}{f'; after {task.retried}' if task.retried else ''}")
+        if self._screens and not any(n.alive and "onnxruntime" in baselines_of(n) for n in self._nodes):
             while self._screens:
                 self._screen_lost(self._screens.popleft(), "no live node has a baseline to screen it against")
 
@@ -335,37 +307,7 @@ class Fanout:
             self._screened[task.job.seq] = returned
             self._done(task)
             return
-        assert self._work is not None  # made when the nodes started
-        folder = self._work / f"{task.job.seq}-{node.info.node_id[:12]}"
-        try:
-            try:
-                record = unpack_record(returned.record, folder)
-            except RecordError as e:  # the node's record is damaged: this attempt fails, the study goes on
-                self._log_failed(task, f"its node returned a record that cannot be read: {e}", node=node.info)
-                return
-            self.steps.add(StepTimes(dict(returned.steps)))
-            if task.job.baseline and record.status == RunStatus.FINISHED:
-                node.runtimes.add(task.job.attempt.runtime)
-            self._log(task, record, measured=True)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    def _log(self, task: Task, record: AttemptRecord, *, measured: bool) -> None:
-        """Logs a record under the study run (else keeps it in the outbox), saying against which baseline it was
-        judged; its row joins the study's. A node's baseline that did not give its type's baseline row, or that
-        its node did not measure to the end (`measured` False), is tagged as that node's own."""
-        record.parent_run_id, record.experiment_id = self._parent
-        runtime, node_id = task.job.attempt.runtime, record.tags.get(TAG_NODE)
-        if task.job.baseline and not (measured and self.recorded.first_baseline(task.node_type, runtime)):
-            record.tags[TAG_ROLE] = ROLE_NODE_BASELINE
-        elif not task.job.baseline and node_id is not None and (node_id, runtime) in self._node_baseline_runs:
-            record.tags[TAG_BASELINE_RUN] = self._node_baseline_runs[(node_id, runtime)]
-        if task.retried is not None and record.status == RunStatus.FINISHED:
-            record.tags[TAG_RETRIED] = task.retried[:500]
-        logged = log_or_keep(record, steps=self.steps)  # its logging steps join the nodes' steps
-        if task.job.baseline and node_id is not None and logged.run_id is not None:
-            self._node_baseline_runs[(node_id, runtime)] = logged.run_id
-        self.recorded.add(task.job.seq, record, logged)
+        self.records.log_returned(task, returned, node)
         self._done(task)
 
     def _drop_own(self, node: Node) -> None:
@@ -384,15 +326,5 @@ class Fanout:
 
     def _log_failed(self, task: Task, why: str, *, node: NodeInfo | None = None) -> None:
         """Logs a FAILED run of an attempt the nodes did not measure, or not to the end, saying why."""
-        attempt = task.job.attempt
-        tags = {**task.job.tags, TAG_NODE_TYPE: task.node_type, **({TAG_NODE: node.node_id} if node else {})}
-        record = AttemptRecord(attempt.name, self.study, attempt.runtime, status=RunStatus.FAILED, error=why,
-                               params=attempt_params(attempt), tags=tags)
-        logger.error("attempt %s failed: %s", attempt.name, why)
-        self._log(task, record, measured=False)
-
-
-def _baselines_of(node: Node) -> set[str]:
-    """The runtimes `node` has a baseline of, or is to measure one of."""
-    coming = [t.job for t in [*node.own, *(task for task, _ in node.sent)] if isinstance(t, Task) and t.job.baseline]
-    return node.runtimes | {job.attempt.runtime for job in coming}
+        self.records.log_failed(task, why, node=node)
+        self._done(task)

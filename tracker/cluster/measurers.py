@@ -1,12 +1,12 @@
 """A study's measurers as the driver keeps them: one `NodeMeasurer` per node holding a `tracker_slot`, pinned there
-(`start_measurers`), and the tasks sent to them."""
+(`start_measurers`), the tasks sent to them, and which task a free node takes next (`next_task`, `stranded`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,9 @@ from tracker.pipeline import AttemptSetup
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 60.0  # for every node's measurer to start (a slot another study holds frees only when it ends)
+# Tasks sent to a node's measurer at once: it measures one at a time, and starts the next as soon as one ends, while
+# the driver may be busy making a candidate.
+DEPTH = 2
 
 
 @dataclasses.dataclass(eq=False)
@@ -91,3 +94,36 @@ def start_measurers(address: Address, study: str, feeds: Mapping[str, np.ndarray
                 f" ({len(late)} busy elsewhere, left out)" if late else "",
                 ", ".join(f"{t} ({n})" for t, n in types.items()))
     return nodes
+
+
+def next_task(node: Node, queue: deque[Task], screens: deque[ScreenTask]) -> Task | ScreenTask | None:
+    """What free `node` measures next, taken from where it waits: its own baselines, then the next attempt in its node
+    type's `queue` whose runtime it has a baseline of, then a search's screen (against its onnxruntime baseline)."""
+    if node.own:
+        return node.own.popleft()
+    for task in queue:
+        if task.job.attempt.runtime in node.runtimes:
+            queue.remove(task)
+            return task
+    return screens.popleft() if screens and "onnxruntime" in node.runtimes else None
+
+
+def stranded(queues: Mapping[str, deque[Task]], nodes: Sequence[Node]) -> list[tuple[Task, str]]:
+    """The attempts waiting for a node type none of whose live nodes has, or will have, their runtime's baseline,
+    taken out of `queues`, each with why."""
+    lost = []
+    for node_type, queue in queues.items():
+        live = [n for n in nodes if n.alive and n.info.node_type == node_type]
+        able = set().union(*(baselines_of(n) for n in live))
+        for task in [t for t in queue if t.job.attempt.runtime not in able]:
+            queue.remove(task)
+            lost.append((task, f"no live node of type {node_type!r} is left" if not live else
+                         f"no node of type {node_type!r} has a baseline of runtime {task.job.attempt.runtime!r} "
+                         "(it failed there)"))
+    return lost
+
+
+def baselines_of(node: Node) -> set[str]:
+    """The runtimes `node` has a baseline of, or is to measure one of."""
+    coming = [t.job for t in [*node.own, *(task for task, _ in node.sent)] if isinstance(t, Task) and t.job.baseline]
+    return node.runtimes | {job.attempt.runtime for job in coming}
