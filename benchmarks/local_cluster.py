@@ -105,10 +105,10 @@ def run(driver: list[str], *, nodes: int, cwd: Path, env: dict[str, str] | None 
 
 def optimize(argv: list[str]) -> int:
     """`tracker optimize` with `argv`, in this process, with no machine roofs measured (nor, then, on the nodes)."""
-    import tracker.study
+    import tracker.study.study
     from tracker.cli import main
 
-    tracker.study.measure_machine_or_none = lambda: None
+    tracker.study.study.measure_machine_or_none = lambda: None
     return main(["optimize", *argv])
 
 

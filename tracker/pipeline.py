@@ -17,11 +17,11 @@ import numpy as np
 import onnx
 
 from tracker.base.files import no_space_note
-from tracker.base.keys import TAG_PARENT_ATTEMPT, TAG_PIPELINE, check_experiment_name
+from tracker.base.keys import check_experiment_name
 from tracker.base.memory import release_free_memory
 from tracker.base.steps import StepTimes
 from tracker.base.termination import Terminated, received
-from tracker.base.vocabulary import Kind, RunStatus
+from tracker.base.vocabulary import RunStatus
 from tracker.generation import GenerationFigures, GenerationScenario
 from tracker.measure.accuracy.lm_diff import LogitsDiff
 from tracker.measure.accuracy.text_quality import CheckedOnText
@@ -32,7 +32,6 @@ from tracker.measure.generation.text_scoring import TextCheck
 from tracker.measure.measurement import measure_attempt
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.measure.timing.speedup import judge
-from tracker.optimize import Candidate, Chain, Entry
 from tracker.run import content as run_content
 from tracker.run.artifacts import write_attempt_artifacts
 from tracker.run.record import AttemptRecord, check_outbox, keep, save_record
@@ -213,26 +212,6 @@ def measure_record(
         interrupted = e
     record.tags.update(setup.tags)
     return MeasuredAttempt(result, record, interrupted)
-
-
-def candidate_content(entry: Entry, candidate: Candidate, seconds: float) -> tuple[dict[str, float], dict[str, str]]:
-    """The metrics and params saying what an entry did. A session entry made no model: it says it in its
-    session params, which every attempt logs."""
-    if entry.kind == Kind.SESSION:
-        return {}, dict(candidate.params)
-    metrics = {f"fusion.{op}": float(n) for op, n in candidate.fusions.items()}
-    metrics["optimize.seconds"] = seconds
-    if candidate.fully_optimized is not None:
-        metrics["fusion.fully_optimized"] = float(candidate.fully_optimized)
-    params = {**candidate.params, "precision": candidate.precision, "applied": str(candidate.applied)}
-    return metrics, params
-
-
-def lineage_tags(entry: Entry) -> dict[str, str]:
-    """A chain's lineage: `tracker.pipeline` (its steps) and `tracker.parent_attempt` (every step but the last)."""
-    if not isinstance(entry, Chain):
-        return {}
-    return {TAG_PIPELINE: entry.name, TAG_PARENT_ATTEMPT: entry.parent}
 
 
 # The roofs measured in this process, by thread count: a machine's peaks do not change between two studies of one

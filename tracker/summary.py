@@ -1,15 +1,18 @@
 """The end of a study on its parent run: the summary (its rows' counts and bests, time per step) and the report; a
-summary the tracking store does not take is kept in the outbox for `tracker upload`."""
+summary the tracking store does not take is kept in the outbox for `tracker upload`. And a search's candidates timed
+only on the screen, as light runs beside its attempts."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from tracker.base.errors import TrackerError
 from tracker.base.files import no_space_note
+from tracker.base.steps import StepTimes
 from tracker.measure.attempt import AttemptResult
+from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.report.rows import AttemptRow, pick_best, study_counts
 from tracker.report.scenarios import scenario_tags
 from tracker.report.search import build_search_report
@@ -17,9 +20,31 @@ from tracker.report.study import build_study_report
 from tracker.run.record import keep, save_summary
 from tracker.search import SearchResult
 from tracker.store import connect, faults
-from tracker.store.summary import log_study_report, log_study_summary
+from tracker.store.summary import log_candidate_runs, log_study_report, log_study_summary
 
 logger = logging.getLogger(__name__)
+
+
+def log_end(rows: Callable[..., list[AttemptRow]], totals: StepTimes, wall: float, *, study: str, run_id: str,
+            folder: Path, results: Sequence[AttemptResult], machine: MachinePeaks | None,
+            search: SearchResult | None) -> None:
+    """Logs the end of a study that did not fail on its run `run_id`: the time per step (`totals` over `wall` seconds,
+    in the log too), the machine's roofs and the search's counts with the summary of its `rows()` (`log_summary`); once
+    that is logged, the report with the rows' per-op tables (`log_report`, written under `folder`)."""
+    logger.info("study %s: time per step (* the tracker's own)\n%s", study, totals.table(wall))
+    metrics = {**totals.metrics(wall), **(machine.metrics() if machine else {}), **(search.metrics() if search else {})}
+    if log_summary(rows(), metrics, study=study, run_id=run_id):
+        log_report(rows(tables=True), folder, study=study, run_id=run_id, results=results, search=search)
+
+
+def log_search_candidates(search: SearchResult, *, study: str, study_run) -> None:
+    """Logs a search's candidates timed only on the screen as light runs under `study_run` (`log_candidate_runs`); the
+    table on the study run holds the same rows, so losing these runs loses no figure: a failure is a warning."""
+    try:
+        log_candidate_runs(search.candidate_runs(study), study_run=study_run)
+    except Exception as e:
+        logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
+                       "report/search_candidates.json holds them", type(e).__name__, e)
 
 
 def log_summary(rows: Sequence[AttemptRow], metrics: Mapping[str, float], *, study: str, run_id: str) -> bool:

@@ -12,7 +12,7 @@ import pytest
 from mlflow import MlflowClient
 
 import tracker
-import tracker.study
+import tracker.study.study
 from tests.conftest import FAST_SPEEDUP
 from tracker import EXACT, Failed, MeasureConfig, SessionConfig, Study, TimingConfig, log_attempt
 from tracker.base.settings import resolve_tracking_uri
@@ -211,7 +211,7 @@ def test_feeds_with_an_id_outside_the_table_it_indexes_fail_the_attempt_naming_i
 
 
 def test_a_study_whose_run_cannot_start_leaves_no_work_folder(store, temp_root, monkeypatch):
-    monkeypatch.setattr(tracker.study, "measure_machine_or_none", lambda: None)  # no roofs: seconds saved, nothing else
+    monkeypatch.setattr(tracker.study.study, "measure_machine_or_none", lambda: None)  # no roofs: seconds saved, nothing else
     store.delete_experiment(store.create_experiment("gone"))
     with pytest.raises(mlflow.exceptions.MlflowException, match="deleted experiment"):
         with Study("s", feeds={}, experiment="gone"):

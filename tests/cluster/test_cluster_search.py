@@ -31,8 +31,8 @@ WIDTH = 512
 DRIVER = """
 import json, logging, sys
 import numpy as np
-import tracker.study
-tracker.study.measure_machine_or_none = lambda: None  # no machine roofs (~7 s per node these runs do not look at)
+import tracker.study.study
+tracker.study.study.measure_machine_or_none = lambda: None  # no machine roofs (~7 s per node these runs do not look at)
 from tracker.api import Study
 from tracker.measure.accuracy.task_diff import task_tolerances
 from tracker.measure.attempt import MeasureConfig

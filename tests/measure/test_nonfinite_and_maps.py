@@ -94,9 +94,9 @@ def test_the_feeds_description_counts_nonfinite_values_per_input():
 @pytest.fixture
 def no_machine(monkeypatch):
     """The study's machine roofs are not what these tests look at: skip their 6 s."""
-    import tracker.study
+    import tracker.study.study
 
-    monkeypatch.setattr(tracker.study, "measure_machine_or_none", lambda: None)
+    monkeypatch.setattr(tracker.study.study, "measure_machine_or_none", lambda: None)
 
 
 def _nan_bias(model: onnx.ModelProto) -> onnx.ModelProto:

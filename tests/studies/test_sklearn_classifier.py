@@ -25,9 +25,9 @@ pytestmark = pytest.mark.slow
 def optimize(store, monkeypatch, capsys, tmp_path):
     """`tracker optimize MODEL ARGS` in this process, on the test's sqlite store: (exit code, stdout, stderr, runs
     by name). The machine's roofs are not measured (6 s that these tests do not look at)."""
-    import tracker.study
+    import tracker.study.study
 
-    monkeypatch.setattr(tracker.study, "measure_machine_or_none", lambda: None)
+    monkeypatch.setattr(tracker.study.study, "measure_machine_or_none", lambda: None)
     monkeypatch.setenv("TRACKER_OUTBOX", str(tmp_path / "outbox"))
     logger = logging.getLogger("tracker")
     monkeypatch.setattr(logger, "level", logger.level)  # main() sets INFO; put it back after the test

@@ -1,25 +1,22 @@
-"""A study's lifecycle: its parent run, each attempt measured as a nested run (`tracker.pipeline`), the search,
-and at the end its summary and report."""
+"""A study's lifecycle: its parent run (held open by `tracker.study.context`), each attempt measured as a nested run
+(`tracker.pipeline`; an entry's candidate made by `tracker.study.candidates`), the search, and at the end its summary
+and report (`tracker.summary`)."""
 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
-from tracker.base.files import make_work_folder
 from tracker.base.keys import check_experiment_name
-from tracker.base.model_io import load_graph, save_model
+from tracker.base.model_io import load_graph
 from tracker.base.steps import StepTimes
-from tracker.base.termination import reraise_if_received, sigterm_as_exit
-from tracker.base.vocabulary import Kind, Phase
+from tracker.base.termination import reraise_if_received
+from tracker.base.vocabulary import Phase
 from tracker.executor import GENERATION, TEXT, Executor, executor_for
 from tracker.generation import GenerationFigures
 from tracker.measure.accuracy.output_diff import TOLERANCES
@@ -29,28 +26,18 @@ from tracker.measure.costmodel.machine import MachinePeaks
 from tracker.measure.runtimes.ort_runtime import SessionConfig
 from tracker.optimize import Context, Entry, ModelInfo, get_entry
 from tracker.outcome import Failed, Outcome
-from tracker.pipeline import (
-    AttemptSetup,
-    StudySetup,
-    candidate_content,
-    lineage_tags,
-    log_failure,
-    machine_params,
-    measure_machine_or_none,
-)
+from tracker.pipeline import AttemptSetup, StudySetup, log_failure, machine_params, measure_machine_or_none
 from tracker.report.rows import AttemptRow, pick_best
 from tracker.report.scenarios import scenario_bests
-from tracker.run.record import check_outbox
 from tracker.search import SearchConfig, SearchResult
 from tracker.search.cache import MadeModels
 from tracker.search.result import Strategy
 from tracker.search.run import ForwardSearch
-from tracker.store import connect, write
-from tracker.store.summary import log_candidate_runs
-from tracker.summary import log_report, log_summary
+from tracker.study.candidates import PREPARED, attempt_of, lineage_tags, make_candidate
+from tracker.study.context import StudyContext
+from tracker.summary import log_end, log_search_candidates
 
 logger = logging.getLogger(__name__)
-PREPARED = "prepared"  # the work folder's pre-processed sources, which entries' variants share (`Context.work`)
 
 
 class Study:
@@ -96,7 +83,8 @@ class Study:
         self.config, self.params = config or MeasureConfig(), dict(params or {})
         self.tracking_uri, self.log_models = tracking_uri, log_models
         self.setup, self.tags, self.generation = setup, dict(setup.tags), setup.generation
-        self._workdir_given, self._workdir = bool(setup.workdir), Path(setup.workdir) if setup.workdir else None
+        self._context = StudyContext(name, experiment=experiment, tracking_uri=tracking_uri, workdir=setup.workdir,
+                                     tags=self.tags)
         self.made = MadeModels()  # what a search made of its leaders, for `optimize` to measure
         self.failures: dict[str, str] = {}  # attempts that failed before they could be measured
         self._graphs: dict[str, onnx.ModelProto] = {}  # `graph_of`
@@ -107,25 +95,17 @@ class Study:
             self._started -= sum(setup.prior_steps.seconds.values())
         self.machine: MachinePeaks | None = None  # the roofs of every attempt's roofline, measured on entry
         self.search_result: SearchResult | None = None  # `search`, `record_search`
-        self._run_cm: AbstractContextManager[Any] | None = None  # the study run's, while the study is open
 
     def __enter__(self) -> Study:
-        connect.setup_tracking(self.tracking_uri)
-        check_outbox()  # a place for what the store may not take, before any work
-        # SIGTERM (`timeout`, a CI cancel) unwinds like Ctrl-C: runs end FAILED, the work folder goes.
-        self._sigterm = sigterm_as_exit()
-        self._sigterm.__enter__()
+        self._context.prepare()  # the store, the outbox and SIGTERM, before any work
         try:
             self._executor.connect()  # an unreachable cluster: a one-line error before any work
-            if self._workdir is None:
-                self._workdir = make_work_folder(f"tracker-{self.name}-")  # a killed study's folder goes
+            self._context.make_work_folder()
             with self.steps.step("machine"):
                 self.machine = measure_machine_or_none()
-            params = {**self.config.params(), **machine_params(self.machine), **self.params}
-            self._run_cm = write.study_run(self.name, experiment=self.experiment, params=params, tags=self.tags)
-            self.run = self._run_cm.__enter__()
+            self.run = self._context.open_run({**self.config.params(), **machine_params(self.machine), **self.params})
         except BaseException:  # `with` calls no __exit__ when __enter__ fails: undo what was set up here
-            self._release()
+            self._context.release()
             raise
         logger.info("study %s: run %s", self.name, self.run.info.run_id)
         return self
@@ -145,8 +125,7 @@ class Study:
             generation: what the generation scenario measured for this attempt (`optimize` passes it).
             **kwargs: other `Attempt` fields (runtime, session, new_ops, tolerance, description, ...).
         """
-        if self._run_cm is None:
-            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        self._context.check_open("adding attempts")
         if isinstance(name, Attempt):
             attempt = name
         elif model is None:
@@ -209,48 +188,26 @@ class Study:
             **fields: `Attempt` fields that replace the candidate's (description, new_ops, ...);
                 `params` and `metrics` are added to the candidate's.
         """
-        if self._run_cm is None:
-            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        self._context.check_open("adding attempts")
         found = get_entry(entry) if isinstance(entry, str) else entry
         name = name or found.name
         check_name("attempt", name)
         context = Context(info=info, runtime=runtime, feeds=self.feeds, work=self._work / PREPARED)
         logger.info("study %s: optimizing %s (%s)", self.name, name, found.summary)
-        # A session entry makes nothing: no optimize step in the study's time table.
-        step = nullcontext() if found.kind == Kind.SESSION else self.steps.step("optimize")
         try:
-            with step:
-                source_path = self._on_disk(source, name)
-                graph = source if isinstance(source, onnx.ModelProto) else self.graph_of(source_path)
-                made = None if isinstance(source, onnx.ModelProto) else self.made.take(source_path, found)
-                start = time.perf_counter()
-                candidate = made[0] if made else found(source_path, self._work / name / "optimized", context, graph=graph)
-                seconds = made[1] if made else time.perf_counter() - start
+            candidate, seconds, source_path = make_candidate(found, source, name=name, work=self._work, context=context,
+                                                             made=self.made, graph_of=self.graph_of, steps=self.steps)
         except Exception as e:  # an optimizer failure is a result of the study, logged on its own run
             reraise_if_received(e)
             self.record_failure(name, e, runtime=runtime, tags={**lineage_tags(found), **(tags or {})})
             return Failed(name, self.failures[name])
-        # A session entry measures its source as given (in memory or not), with other settings.
-        model = source if candidate.path == source_path else candidate.path
-        chosen = tolerance_for(tolerance, candidate.precision)
-        metrics, params = candidate_content(found, candidate, seconds)
+        attempt = attempt_of(found, candidate, seconds, name=name, source=source, source_path=source_path,
+                             runtime=runtime, session=session, tolerance=tolerance, fields=fields)
         generation = None
         if self.generation is not None and self.generation.baseline is not None:
             with self.steps.step("generation"):
                 generation = self.generation.measure_entry(found, machine=self.machine, graph_of=self.graph_of,
                                                            workdir=self._work / "generation" / name)
-        attempt = Attempt(
-            name=name,
-            model=model if isinstance(model, onnx.ModelProto) else Path(model),
-            runtime=runtime,
-            session=candidate.session_on(session or SessionConfig()),
-            new_ops=fields.pop("new_ops", candidate.new_ops),
-            tolerance=chosen,
-            description=fields.pop("description", "; ".join(candidate.notes)),
-            metrics={**metrics, **fields.pop("metrics", {})},
-            params={**params, **fields.pop("params", {})},
-            **fields,
-        )
         # On a cluster, sent: the study makes its next candidate while the nodes measure this one.
         return self._submit(attempt, {**lineage_tags(found), **(tags or {})}, generation)
 
@@ -267,8 +224,7 @@ class Study:
         (`ForwardSearch`), screening here or on the study's cluster. The leaders become attempt runs, the other timed
         candidates light runs ("candidate"), every candidate a row of `report/search.html`. Returns what it did; the
         answer is `study.best`."""
-        if self._run_cm is None:
-            raise RuntimeError("use the Study in a `with` block before searching")
+        self._context.check_open("searching")
         session = session or SessionConfig()
         baseline = self._search_baseline(Path(source), session, tolerance_for(tolerance, "fp32"))
         with self.steps.step("search"):
@@ -294,11 +250,7 @@ class Study:
     def record_search(self, result: SearchResult) -> SearchResult:
         """Keeps a search's `result` for the report, its candidates timed only on the screen logged as light runs."""
         self.search_result = result
-        try:  # the table on the study run holds the same rows: losing these runs loses no figure
-            log_candidate_runs(result.candidate_runs(self.name), study_run=self.run)
-        except Exception as e:
-            logger.warning("could not log the search's candidate runs (%s: %s); the study run's "
-                           "report/search_candidates.json holds them", type(e).__name__, e)
+        log_search_candidates(result, study=self.name, study_run=self.run)
         return result
 
     def _search_baseline(self, source: Path, session: SessionConfig, tolerance: TaskTolerance) -> AttemptResult:
@@ -314,9 +266,7 @@ class Study:
 
     @property
     def _work(self) -> Path:  # the study's work folder (made on entry when none was given)
-        if self._workdir is None:
-            raise RuntimeError("use the Study in a `with` block: its work folder is made on entry")
-        return self._workdir
+        return self._context.work
 
     def graph_of(self, path: str | Path) -> onnx.ModelProto:
         """The model at `path` without its weights' values (`load_graph`), read once per study."""
@@ -325,15 +275,10 @@ class Study:
             self._graphs[key] = load_graph(path)
         return self._graphs[key]
 
-    def _on_disk(self, source: onnx.ModelProto | str | Path, name: str) -> Path:
-        """`source` as a file: its path, or a model in memory saved in the attempt's work folder."""
-        return Path(source) if not isinstance(source, onnx.ModelProto) else save_model(source, self._work / name)
-
     def record_failure(self, name: str, error: BaseException, *, runtime: str = "onnxruntime",
                        tags: Mapping[str, str] | None = None) -> None:
         """Logs an attempt that failed before it had a model to measure (e.g. its optimizer raised)."""
-        if self._run_cm is None:
-            raise RuntimeError("use the Study in a `with` block before adding attempts")
+        self._context.check_open("adding attempts")
         self.failures[name] = log_failure(self.name, name, error, runtime=runtime, tags={**self.tags, **(tags or {})},
                                           parent_run_id=self.run.info.run_id, experiment_id=self.run.info.experiment_id)
 
@@ -377,23 +322,10 @@ class Study:
         """The summary and report on the study run (unless the study is unwinding from `exc`), then its end."""
         try:
             if exc_type is None:
-                totals, wall = self.step_totals()
-                logger.info("study %s: time per step (* the tracker's own)\n%s", self.name, totals.table(wall))
-                metrics = {**totals.metrics(wall), **(self.machine.metrics() if self.machine else {}),
-                           **(self.search_result.metrics() if self.search_result else {})}
-                if log_summary(self.rows(), metrics, study=self.name, run_id=self.run.info.run_id):
-                    log_report(self.rows(tables=True), self._work / "report", study=self.name,
-                               run_id=self.run.info.run_id, results=self.results, search=self.search_result)
+                log_end(self.rows, *self.step_totals(), study=self.name, run_id=self.run.info.run_id,
+                        folder=self._work / "report", results=self.results, machine=self.machine,
+                        search=self.search_result)
         finally:
-            if self._run_cm is not None:
-                self._run_cm.__exit__(exc_type, exc, tb)
-            self._run_cm = None
-            self._release()
-
-    def _release(self) -> None:
-        """Removes the work folder the study made and restores SIGTERM's handler."""
-        if not self._workdir_given and self._workdir is not None:
-            shutil.rmtree(self._workdir, ignore_errors=True)
-        self._sigterm.__exit__(None, None, None)
+            self._context.close(exc_type, exc, tb)
 
 
