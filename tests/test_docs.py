@@ -63,7 +63,7 @@ def test_the_registry_and_cli_pages_are_generated_from_the_code(site):
     assert all(f"<code>{name}</code>" in registry for name in REGISTRY)
     assert "<code>per_channel</code>" in registry and "<code>block_size</code>" in registry
     cli = page(site, "reference/cli")
-    for command in ("optimize", "summarize", "profile", "inspect", "upload", "compare"):
+    for command in ("optimize", "summarize", "profile", "inspect", "upload", "compare", "check"):
         assert f"<code>tracker {command}</code>" in cli
     assert "<code>--require</code>" in cli and "<code>--dry-run</code>" in cli
 

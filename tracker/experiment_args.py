@@ -32,16 +32,22 @@ def add_measure_args(parser: argparse.ArgumentParser) -> None:
                         help="latency: at least this many runs")
     parser.add_argument("--min-seconds", type=_non_negative_float, default=field_default(TimingConfig, "min_seconds"),
                         help="latency: at least this long")
-    parser.add_argument("--speedup-rounds", type=_rounds, default=field_default(SpeedupConfig, "rounds"),
-                        help=f"speed-up: rounds of fresh sessions timed against the baseline (>= {MIN_ROUNDS})")
-    parser.add_argument("--speedup-seconds", type=_non_negative_float, default=field_default(SpeedupConfig, "seconds"),
-                        help="speed-up: seconds per attempt, sessions included; more rounds while they last")
+    add_speedup_args(parser)
     parser.add_argument("--threads", type=_non_negative_int, default=CORE_COUNT_THREADS,
                         help="ORT intra-op threads (0: core count)")
     parser.add_argument(
         "--experiment", default=DEFAULT_EXPERIMENT,
         help="MLflow experiment (ignored under `mlflow run`, which sets its own)",
     )
+
+
+def add_speedup_args(parser: argparse.ArgumentParser, *, against: str = "the baseline") -> None:
+    """Adds --speedup-rounds and --speedup-seconds (what `speedup_config` reads), each defaulting to its
+    `SpeedupConfig` field; `against` names what the model is timed against in their help."""
+    parser.add_argument("--speedup-rounds", type=_rounds, default=field_default(SpeedupConfig, "rounds"),
+                        help=f"speed-up: rounds of fresh sessions timed against {against} (>= {MIN_ROUNDS})")
+    parser.add_argument("--speedup-seconds", type=_non_negative_float, default=field_default(SpeedupConfig, "seconds"),
+                        help="speed-up: seconds per attempt, sessions included; more rounds while they last")
 
 
 def add_text_args(parser: argparse.ArgumentParser) -> None:
@@ -151,8 +157,13 @@ def measure_config(args: argparse.Namespace) -> MeasureConfig:
     from tracker.measure.attempt import MeasureConfig
 
     timing = TimingConfig(min_runs=args.min_runs, min_seconds=args.min_seconds)
-    speedup = SpeedupConfig(rounds=args.speedup_rounds, seconds=args.speedup_seconds)
-    return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing, speedup=speedup)
+    return MeasureConfig(profile_runs=args.profile_runs, skip_runs=args.skip_runs, timing=timing,
+                         speedup=speedup_config(args))
+
+
+def speedup_config(args: argparse.Namespace) -> SpeedupConfig:
+    """The `SpeedupConfig` the parsed --speedup-rounds and --speedup-seconds describe."""
+    return SpeedupConfig(rounds=args.speedup_rounds, seconds=args.speedup_seconds)
 
 
 def session_config(args: argparse.Namespace) -> SessionConfig:

@@ -193,6 +193,13 @@ def test_tracker_profile_defaults_to_the_measure_and_session_fields():
     assert args.opt_level == SessionConfig.graph_optimization_level
 
 
+def test_tracker_check_defaults_to_the_speedup_and_own_model_fields():
+    args = build_parser().parse_args(["check", "model.onnx", "--against", "models:/m@champion"])
+
+    assert (args.speedup_rounds, args.speedup_seconds) == (SpeedupConfig.rounds, SpeedupConfig.seconds)
+    assert (args.task, args.seed) == (OwnModelConfig.task, OwnModelConfig.seed)
+
+
 def test_a_default_read_from_a_field_can_still_be_set_by_a_script():
     parser = argparse.ArgumentParser()
     experiment_args.add_measure_args(parser)

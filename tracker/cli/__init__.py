@@ -1,4 +1,4 @@
-"""Command line: `tracker optimize|summarize|profile|inspect|upload|compare` (also `python -m tracker`): `main`
+"""Command line: `tracker optimize|summarize|profile|inspect|upload|compare|check` (also `python -m tracker`): `main`
 parses the arguments (`parser`), runs the command (`commands`) and turns what goes wrong into an exit code."""
 
 from __future__ import annotations

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 
-from tracker.cli import commands
+from tracker.cli import check, commands
 
 # The parser's description: what `tracker --help` says first.
-DESCRIPTION = "Command line: `tracker optimize|summarize|profile|inspect|upload|compare` (also `python -m tracker`)."
+DESCRIPTION = ("Command line: `tracker optimize|summarize|profile|inspect|upload|compare|check` (also "
+               "`python -m tracker`).")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the outbox folder (default: $TRACKER_OUTBOX or ./tracker-outbox)")
     u.set_defaults(func=commands.upload_kept)
     _add_compare_parser(sub)
+    _add_check_parser(sub)
     return parser
 
 
@@ -130,6 +132,36 @@ def _add_compare_parser(sub) -> None:
                         "check passed (verdict not 'rejected'); its speed-up does not matter")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=commands.compare_study, progress=False)
+
+
+def _add_check_parser(sub) -> None:
+    from tracker.experiment_args import FieldDefault, add_speedup_args
+
+    c = sub.add_parser(
+        "check", help="a regression gate for CI: MODEL against the registry's champion, speed and accuracy; exit 1 "
+                      "if it is worse or fails the accuracy check",
+        description="Measures MODEL against the champion in one session: the speed-up with its interval from rounds "
+                    "of fresh sessions timed interleaved, the verdict, and MODEL's outputs against the champion's "
+                    "on the same feeds, judged by --task's check. The champion is read from the model registry of "
+                    "the tracking store (MLFLOW_TRACKING_URI, else ./mlflow.db; credentials from MLflow's "
+                    "variables), or is a file. Exit codes: 0 not worse and the accuracy check passed, 1 the verdict "
+                    "is worse or the accuracy check failed, 2 bad input (nothing measured).")
+    c.add_argument("model", help="the new ONNX model file (its external data beside it)")
+    c.add_argument("--against", required=True, metavar="MODELS_URI|FILE",
+                   help="the champion: models:/NAME@ALIAS, models:/NAME/VERSION, or an ONNX file")
+    c.add_argument("--feeds", default="", metavar="FILE",
+                   help=".npz of arrays by input name, or .npy for a one-input model (default: generated from "
+                        "MODEL's inputs, as `tracker optimize` makes them)")
+    _add_feed_options(c)
+    c.add_argument("--task", action=FieldDefault, field=(_own_class, "task"),
+                   help="how MODEL's outputs are judged against the champion's: raw (max |diff|), regression, "
+                        "classification, embedding, lm")
+    c.add_argument("--precision", choices=("fp32", "fp16", "int8", "int4"), default="fp32",
+                   help="the bound of --task's check: that of the lower precision of the two models")
+    add_speedup_args(c, against="the champion")
+    c.add_argument("--threads", type=int, default=0, help="ORT intra-op threads of both models (0: core count)")
+    c.add_argument("--json", action="store_true", help="print the figures as JSON (for a CI comment)")
+    c.set_defaults(func=check.check_against)
 
 
 def _add_feed_options(parser: argparse.ArgumentParser) -> None:

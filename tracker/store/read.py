@@ -131,7 +131,7 @@ def _fetched(client, run, tables: Sequence[str]) -> FetchedRun:
         if wanted:
             import tempfile
 
-            with tempfile.TemporaryDirectory(prefix="tracker-fetch-") as tmp, _no_progress_bar():
+            with tempfile.TemporaryDirectory(prefix="tracker-fetch-") as tmp, no_progress_bar():
                 for name in wanted:
                     try:
                         path = client.download_artifacts(run.info.run_id, f"tables/{name}.json", tmp)
@@ -174,8 +174,9 @@ def _read_table(path: Path, columns: dict[str, bool]) -> pd.DataFrame:
 
 
 @contextlib.contextmanager
-def _no_progress_bar() -> Iterator[None]:
-    # MLflow draws a progress bar per download on stderr; a CLI printing a table wants none
+def no_progress_bar() -> Iterator[None]:
+    """Downloads inside draw no progress bar: MLflow draws one per download on stderr, and a CLI printing a table
+    (or JSON for a CI comment) wants none."""
     from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as flag
 
     before = os.environ.get(flag.name)
