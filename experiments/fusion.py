@@ -11,13 +11,13 @@ import sys
 
 from tracker.base.termination import handle_sigterm
 from tracker.cluster import CLUSTER_HELP
-from tracker.experiment_args import add_measure_args, measure_config, session_config, setup_logging
+from tracker.experiment_args import add_measure_args, add_register_arg, measure_config, session_config, setup_logging
 from tracker.studies import fusion
 
 
 def run(args: argparse.Namespace):
     return fusion.run(experiment=args.experiment, measure=measure_config(args), session=session_config(args),
-                      seed=args.seed, cluster=args.cluster or None)
+                      seed=args.seed, cluster=args.cluster or None, register=args.register or None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=inspect.signature(fusion.run).parameters["seed"].default,
                         help="seed of A, B and X")
     parser.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
+    add_register_arg(parser)
     args = parser.parse_args(argv)
     setup_logging()
     handle_sigterm()  # `timeout`, a CI cancel: runs end FAILED, work folders go, exit 143

@@ -65,6 +65,14 @@ def add_text_args(parser: argparse.ArgumentParser) -> None:
                              "(0.05 is +5 %%); default: each precision's bound (tracker/measure/accuracy/lm_bounds.toml)")
 
 
+def add_register_arg(parser: argparse.ArgumentParser) -> None:
+    """`--register NAME`: the study's best passing attempt becomes a new version of a registered model."""
+    parser.add_argument("--register", default="", metavar="NAME",
+                        help="make the best passing attempt a new version of the registered model NAME (alias "
+                             "candidate); alias champion moves to it only if it measures better than the champion, "
+                             "timed against it here, and passes the accuracy check against its outputs")
+
+
 def field_default(cls: type, name: str) -> object:
     """The default of the dataclass `cls`'s field `name`: an option's default is written there, and only there.
 

@@ -106,13 +106,15 @@ OPTIMIZE = {
     "tokenizer": Source(OwnModelConfig, "tokenizer"),
     "text": Source(OwnModelConfig, "text"),
     "max_ppl_increase": Source(OwnModelConfig, "max_ppl_increase"),
+    "register": Source(OwnModelConfig, "register"),
 }
 # Each entry point's parameters -> where their defaults are written. A new parameter must be added here.
 SOURCES = {
     "main": {**MEASURE, **GPT2, "studies": Source(main_script, "STUDIES")},
-    "linreg": {**MEASURE, "cluster": Source(linreg_study.run, "cluster")},
+    "linreg": {**MEASURE, "cluster": Source(linreg_study.run, "cluster"), "register": Source(linreg_study.run, "register")},
     "fusion": {**MEASURE, "seed": Source(fusion_script.fusion.run, "seed"),
-               "cluster": Source(fusion_script.fusion.run, "cluster")},
+               "cluster": Source(fusion_script.fusion.run, "cluster"),
+               "register": Source(fusion_script.fusion.run, "register")},
     "gpt2": {**MEASURE, **GPT2, **TEXT},
     "lm": {**MEASURE, **LM, **TEXT},
     "optimize": {**MEASURE, **OPTIMIZE},

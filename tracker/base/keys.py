@@ -72,6 +72,38 @@ _DOT_SEGMENT = re.compile(r"(?<![^/])\.(?![^/])")
 MAX_EXPERIMENT_NAME_LENGTH = 500
 
 
+# A registered model's versions (`Study(register=...)`): its aliases, and the tags each version gets.
+ALIAS_CANDIDATE = "candidate"  # always the latest version a study registered
+ALIAS_CHAMPION = "champion"  # moved only to a version measured better than the champion, passing its check
+TAG_STUDY_RUN = "tracker.study_run"  # the study run that registered the version
+TAG_SPEEDUP = "tracker.speedup"  # its speed-up over its study's baseline, with the interval
+TAG_ACCURACY = "tracker.accuracy"  # its accuracy check in its study
+TAG_MACHINE = "tracker.machine"  # where it was measured: host, CPU, cores
+TAG_CHAMPION_KEPT = "tracker.champion_kept"  # why the champion stayed where it was
+TAG_AGAINST_CHAMPION = "tracker.against_champion"  # how it measured against the champion it replaced
+TAG_REGISTERED = "tracker.registered"  # on the study run: the version it registered, and where the champion is
+# What MLflow refuses in a registered model's name, and "@" besides: `models:/NAME@ALIAS` could not name it.
+_BAD_MODEL_NAME_CHARACTERS = ("/", ":", "@")
+
+
+def check_registered_model_name(name: str) -> None:
+    """Refuses, before any work, a registered model name MLflow would refuse (or that `models:/NAME@ALIAS` cannot
+    name).
+
+    Raises:
+        ValueError: the name is not a string, is empty, holds "/", ":" or "@", or is "." or "..".
+    """
+    if not isinstance(name, str):
+        raise ValueError(f"registered model name must be a string, got {type(name).__name__} {name!r}")
+    bad = [c for c in _BAD_MODEL_NAME_CHARACTERS if c in name]
+    if not name.strip() or bad or name.strip() in (".", "..") or name != name.strip():
+        why = (f"it holds {' '.join(repr(c) for c in bad)}" if bad
+               else "it is empty" if not name.strip() else "it is a path segment" if name.strip() in (".", "..")
+               else "it starts or ends with a space")
+        raise ValueError(f"registered model name {name!r} is refused: {why}; a name is text without '/', ':' or '@' "
+                         "(models:/NAME@ALIAS names a version)")
+
+
 def check_experiment_name(name: str) -> None:
     """Refuses, before any work, an experiment name MLflow would refuse when the first run starts.
 

@@ -44,6 +44,7 @@ def optimize(args: argparse.Namespace) -> int:
         cluster=args.cluster or None,
         tokenizer=Path(args.tokenizer) if args.tokenizer else None, text=Path(args.text) if args.text else None,
         max_ppl_increase=args.max_ppl_increase,
+        register=args.register or None,
     )
     chosen = own_plan.plan(config)  # bad input fails here, before any run is made
     if args.dry_run:
@@ -55,6 +56,8 @@ def optimize(args: argparse.Namespace) -> int:
         from tracker.search.result import format_search
 
         print(printable(format_search(study.search_result)))
+    if study.registered is not None:
+        print(printable(study.registered.line()))
     failure = own.study_failure(study.results, study.failures)
     if failure:  # the runs are logged, but there is nothing to ship: 1, as `compare --require` when one did not pass
         error(failure)

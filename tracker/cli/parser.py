@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_optimize_parser(sub) -> None:
     from tracker.cluster import CLUSTER_HELP
-    from tracker.experiment_args import FieldDefault, add_measure_args, add_text_args, parse_flag
+    from tracker.experiment_args import FieldDefault, add_measure_args, add_register_arg, add_text_args, parse_flag
 
     o = sub.add_parser(
         "optimize", help="run every registry attempt that applies to a model, each as a run; print the comparison",
@@ -102,6 +102,7 @@ def _add_optimize_parser(sub) -> None:
     o.add_argument("--fresh", nargs="?", const=True, default=False, type=parse_flag, metavar="true|false",
                    help="--search reads nothing from its cache (`tracker cache`)")
     add_text_args(o)
+    add_register_arg(o)
     o.add_argument("--dry-run", action="store_true", help="list what would run, and why the others do not")
     o.add_argument("--cluster", default="", metavar="ADDRESS", help=CLUSTER_HELP)
     add_measure_args(o)

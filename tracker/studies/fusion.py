@@ -57,13 +57,14 @@ def make_linear_model(*, n_features: int = 100, seed: int = 0, opset: int = 18) 
 
 
 def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
-        session: SessionConfig | None = None, seed: int = 0, cluster: str | None = None) -> Study:
+        session: SessionConfig | None = None, seed: int = 0, cluster: str | None = None,
+        register: str | None = None) -> Study:
     """Builds the model from `seed` and logs the five attempts (measured on the Ray cluster at `cluster`, if
-    given)."""
+    given); with `register`, the best becomes a version of that registered model."""
     model = make_linear_model(n_features=100, seed=seed)
     feeds = {"X": np.random.default_rng(seed).standard_normal((4, 100)).astype(np.float32)}
     session = session or SessionConfig()
-    with Study("fusion", feeds=feeds, experiment=experiment, config=measure, cluster=cluster,
+    with Study("fusion", feeds=feeds, experiment=experiment, config=measure, cluster=cluster, register=register,
                params={"model": "Add(MatMul(X, Add(A, EyeLike(A))), B)", "X.shape": "4x100"}) as study:
         study.attempt("reference_baseline", model, runtime="reference", tolerance=EXACT,
                       description="unfused model under onnx.reference.ReferenceEvaluator")

@@ -17,9 +17,9 @@ ATTEMPTS = ("ort_opt_disabled", "ort_opt_enabled")
 
 
 def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
-        session: SessionConfig | None = None, cluster: str | None = None) -> Study:
+        session: SessionConfig | None = None, cluster: str | None = None, register: str | None = None) -> Study:
     """Trains the model, converts it with skl2onnx and logs the baseline and the session attempts (measured on the
-    Ray cluster at `cluster`, if given)."""
+    Ray cluster at `cluster`, if given); with `register`, the best becomes a version of that registered model."""
     from skl2onnx import to_onnx
     from sklearn.datasets import load_diabetes
     from sklearn.linear_model import LinearRegression
@@ -36,7 +36,7 @@ def run(*, experiment: str | None = None, measure: MeasureConfig | None = None,
         return {"quality.mse": float(np.mean((pred - y_test) ** 2)), "quality.test_rows": float(len(y_test))}
 
     session = session or SessionConfig()
-    with Study("linreg", feeds=feeds, experiment=experiment, config=measure, setup=StudySetup(evaluate=quality),
+    with Study("linreg", feeds=feeds, experiment=experiment, config=measure, setup=StudySetup(evaluate=quality), register=register,
                cluster=cluster, params={"data": "sklearn diabetes", "split.random_state": "11", "model": "LinearRegression"}) as study:
         study.attempt("baseline", onx, session=session,
                       description="skl2onnx LinearRegression, ORT default session settings")

@@ -54,7 +54,7 @@ def run(config: OwnModelConfig, *, experiment: str | None = None, chosen: Plan |
     if config.task == "lm":
         params["lm.check"] = CHECK_QUALITY if chosen.text is not None else CHECK_SAME_FUNCTION
     with Study(config.study_name, feeds=chosen.feeds, experiment=experiment, config=config.measure,
-               params=params, setup=setup, cluster=config.cluster) as study:
+               params=params, setup=setup, cluster=config.cluster, register=config.register) as study:
         baseline = study.attempt("baseline", Path(config.model), session=config.session,
                                  tolerance=tolerances["fp32"], description=f"{Path(config.model).name} as given")
         if not baseline.ok:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from tracker.base.keys import check_registered_model_name
 from tracker.base.model_io import check_ort_ops, load_model
 from tracker.cluster import Address
 from tracker.executor import ON_A_CLUSTER, TEXT
@@ -64,6 +65,7 @@ class OwnModelConfig:
             logits only (same function).
         text: a UTF-8 text file to judge on with `tokenizer`; None: the standard library's documentation.
         max_ppl_increase: replaces every precision's perplexity bound (0.05 is +5 %); None: `lm_bounds.toml`'s.
+        register: a registered model's name: the study's best becomes a new version of it (`Study(register=...)`).
     """
 
     model: Path
@@ -84,6 +86,7 @@ class OwnModelConfig:
     tokenizer: Path | None = None
     text: Path | None = None
     max_ppl_increase: float | None = None
+    register: str | None = None
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -105,6 +108,8 @@ class OwnModelConfig:
             raise ValueError(f"the budget must be a positive number of seconds, got {self.budget_s}")
         if self.cluster:
             Address.parse(self.cluster)  # a malformed address: before any work
+        if self.register is not None:
+            check_registered_model_name(self.register)
 
     def _check_text(self) -> None:
         """The text options: a tokenizer for an LM only, the text and its bound only with a tokenizer."""

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from tracker.base.keys import check_experiment_name
+from tracker.base.keys import check_experiment_name, check_registered_model_name
 from tracker.base.model_io import load_graph
 from tracker.base.steps import StepTimes
 from tracker.base.termination import reraise_if_received
@@ -33,8 +33,10 @@ from tracker.search import SearchConfig, SearchResult
 from tracker.search.cache import MadeModels
 from tracker.search.result import Strategy
 from tracker.search.run import ForwardSearch
+from tracker.store.registering import check_registry
 from tracker.study.candidates import PREPARED, attempt_of, lineage_tags, make_candidate
 from tracker.study.context import StudyContext
+from tracker.study.register import Registered, register_best
 from tracker.summary import log_end, log_search_candidates
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,10 @@ class Study:
     (`tracker.cluster`): `optimize` then sends each candidate and returns `Pending` at once, `attempt` waits for its
     runs, and `wait` (or the end of the `with` block) for every one; `rows` are the runs', and at the end `results`
     the driver's view (no figures).
+
+    With `register` (a registered model's name), the study's best passing attempt becomes a new version of it at the
+    end (`tracker.study.register`): alias `candidate` moves to it, `champion` only when it measures better than the
+    champion here; `registered` says what was done.
 
     Example:
         with Study("my-model", feeds={"X": x}) as study:
@@ -71,10 +77,15 @@ class Study:
         setup: StudySetup | None = None,
         cluster: str | None = None,
         executor: Executor | None = None,
+        register: str | None = None,
     ) -> None:
         check_name("study", name)
         if experiment:
             check_experiment_name(experiment)
+        if register is not None:
+            check_registered_model_name(register)  # before any work
+        self.register = register
+        self.registered: Registered | None = None  # what registering did, once the study has ended
         setup = setup or StudySetup()
         self._executor = executor or executor_for(cluster, study=name, feeds=feeds)
         self._executor.capabilities.check(*[need for need, used in ((GENERATION, setup.generation),
@@ -99,6 +110,8 @@ class Study:
     def __enter__(self) -> Study:
         self._context.prepare()  # the store, the outbox and SIGTERM, before any work
         try:
+            if self.register is not None:
+                check_registry()  # a file store has none: a one-line error before any work
             self._executor.connect()  # an unreachable cluster: a one-line error before any work
             self._context.make_work_folder()
             with self.steps.step("machine"):
@@ -325,6 +338,10 @@ class Study:
                 log_end(self.rows, *self.step_totals(), study=self.name, run_id=self.run.info.run_id,
                         folder=self._work / "report", results=self.results, machine=self.machine,
                         search=self.search_result)
+                if self.register is not None:
+                    self.registered = register_best(self.best, name=self.register, study=self.name,
+                                                    study_run_id=self.run.info.run_id, feeds=self.feeds,
+                                                    config=self.config.speedup, workdir=self._work / "register")
         finally:
             self._context.close(exc_type, exc, tb)
 
