@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     add_measure_args(parser)
     gpt2.add_gpt2_args(parser)  # --seed and --cluster included
     parser.add_argument("--studies", default=",".join(STUDIES), help=f"comma-separated subset of {list(STUDIES)}")
+    parser.set_defaults(register="")  # the study scripts' --register: the main job's studies register nothing
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.studies.split(",") if n.strip()]
     unknown = sorted(set(names) - set(STUDIES))

@@ -30,6 +30,10 @@ DEFAULT_EXPERIMENT = "Default"  # MLflow's own, made with every store
 # The study run open in this context (this project's own scope, not MLflow's run stack): a study started inside it
 # nests under it by its id.
 _OPEN_STUDY_RUN: ContextVar[Run | None] = ContextVar("tracker_open_study_run", default=None)
+# Runs this process could not end (the store did not answer) -> the status they ended with, or DISCARD: `end_unended`
+# tells the store once it answers again. A run still here when the process ends is left to `tracker.store.abandoned`.
+_UNENDED: dict[str, str] = {}
+DISCARD = "discard"  # a run that holds nothing (its study could not open it): deleted
 
 
 def experiment_id_for(name: str | None) -> str:
@@ -137,7 +141,42 @@ def end_run_quietly(run_id: str, status: str) -> bool:
     try:
         end_run(run_id, status)
     except Exception as e:
-        logger.warning("could not tell the tracking store that run %s ended %s (%s); it shows RUNNING there",
-                       run_id, status, faults.describe(e))
+        logger.warning("could not tell the tracking store that run %s ended %s (%s); it shows RUNNING there until "
+                       "this process's next run, or `tracker.store.abandoned`, ends it", run_id, status,
+                       faults.describe(e))
+        _UNENDED[run_id] = status
+        return False
+    _UNENDED.pop(run_id, None)
+    return True
+
+
+def discard_run_quietly(run_id: str) -> bool:
+    """Deletes the run `run_id`, which holds nothing (its study could not open it: the store stopped answering), so
+    that no empty run stays behind; a store that cannot be told is logged, and told by `end_unended` later."""
+    try:
+        ensure_reachable()
+        mlflow.MlflowClient().delete_run(run_id)
+    except Exception as e:
+        logger.warning("could not delete the empty run %s (%s); this process's next run deletes it", run_id,
+                       faults.describe(e))
+        _UNENDED[run_id] = DISCARD
         return False
     return True
+
+
+def end_unended() -> list[str]:
+    """Ends, now that the store answers, the runs this process could not end before (`end_run_quietly`); returns
+    those it ended."""
+    ended = []
+    for run_id, status in list(_UNENDED.items()):
+        try:
+            if status == DISCARD:
+                mlflow.MlflowClient().delete_run(run_id)
+            elif mlflow.MlflowClient().get_run(run_id).info.status == "RUNNING":
+                end_run(run_id, status)
+        except Exception as e:
+            logger.warning("could not yet end run %s %s (%s)", run_id, status, faults.describe(e))
+            continue
+        del _UNENDED[run_id]
+        ended.append(run_id)
+    return ended

@@ -19,6 +19,7 @@ import pandas as pd
 from mlflow.data.dataset import Dataset
 from mlflow.entities import Param, Run, RunTag
 
+from tracker.base.errors import TrackingServerError
 from tracker.base.keys import (
     ROLE_ATTEMPT,
     ROLE_STUDY,
@@ -52,9 +53,11 @@ from tracker.store.model_and_feeds import (
 from tracker.store.runs import (
     attaches_to_mlflow_run,
     create_run,
+    discard_run_quietly,
     enclosing_run,
     end_run,
     end_run_quietly,
+    end_unended,
     experiment_id_for,
     open_study_run,
 )
@@ -74,36 +77,47 @@ def study_run(
     experiment); otherwise a new run in `experiment` (`runs.experiment_id_for`). Its attempts are nested under it by
     its id (`attempt_run`), not through MLflow's run stack.
     """
-    run = None
+    run, created, opened = None, False, False
+    run_tags = {TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags}
     try:
         with deferred():  # SIGTERM waits: a run started must get its tags, and end FAILED below
-            run = _open_study_run(study, experiment)
+            run, created = _open_study_run(study, experiment, run_tags)  # made with its tags: found by them
             run_id = run.info.run_id
-            log_batch(run_id, params=params, tags={TAG_STUDY: study, TAG_ROLE: ROLE_STUDY, **process_tags(), **tags})
+            log_batch(run_id, params=params, tags=run_tags)
+        opened = True
+        end_unended()  # runs this process opened while the store went away, ended now that it answers
         abandoned.end_abandoned_in([run.info.experiment_id], by=f"study {study}")
         if _on_server():  # its runs can be watched there while the study runs
             logger.info("study %s: view it at %s", study, run_link(run))
         with open_study_run(run):
             yield run
-    except BaseException:
-        if run is not None:
+    except BaseException as e:
+        outage = not opened and isinstance(e, Exception) and faults.is_outage(e)
+        if run is not None and outage and created:  # it holds nothing: the study starts again once the store answers
+            discard_run_quietly(run.info.run_id)
+        elif run is not None:
             end_run_quietly(run.info.run_id, "FAILED")
             logger.info("study %s failed: %s", study, _view_hint(run))
+        if outage and not isinstance(e, TrackingServerError):
+            raise TrackingServerError(f"the tracking store stopped answering while the run of study {study} was "
+                                      f"being opened ({faults.describe(e)}); nothing was measured") from e
         raise
     else:
         end_run_quietly(run.info.run_id, "FINISHED")
         logger.info("study %s: %s", study, _view_hint(run))
 
 
-def _open_study_run(study: str, experiment: str | None) -> Run:
+def _open_study_run(study: str, experiment: str | None, tags: dict[str, str]) -> tuple[Run, bool]:
+    """The study's run, and whether it was made here (not `mlflow run`'s own)."""
     enclosing = enclosing_run()
     if attaches_to_mlflow_run(enclosing):  # `mlflow run`'s own
         assert enclosing is not None
         mlflow.MlflowClient().update_run(enclosing.info.run_id, status="RUNNING", name=study)
-        return enclosing
+        return enclosing, False
     if enclosing is not None:
-        return create_run(study, experiment_id=enclosing.info.experiment_id, parent_run_id=enclosing.info.run_id)
-    return create_run(study, experiment_id=experiment_id_for(experiment))
+        return create_run(study, experiment_id=enclosing.info.experiment_id, parent_run_id=enclosing.info.run_id,
+                          tags=tags), True
+    return create_run(study, experiment_id=experiment_id_for(experiment), tags=tags), True
 
 
 @contextlib.contextmanager
