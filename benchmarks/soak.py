@@ -13,7 +13,8 @@ under a live server). Afterwards each outbox is uploaded with `tracker upload`, 
 - lost: an attempt of a study that ended, neither in the store nor in an outbox (must be 0);
 - duplicates: a study or an attempt with more than one run (runs an upload superseded are not counted);
 - left RUNNING: runs not ended;
-- FAILED: runs that failed (the model and feeds are good: an outage is the only cause there could be).
+- FAILED: runs that failed (the model and feeds are good: an outage is the only cause there could be);
+- KILLED: runs `tracker.store.abandoned` ended because their process had gone (no worker is killed here).
 
 Exit 1 if any of these is not 0. Needs PostgreSQL's server tools (initdb, pg_ctl) and psycopg2, as `tracker server`.
 """
@@ -108,7 +109,7 @@ def _soak(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(figures, indent=2))
     if not (args.keep or args.folder):
         shutil.rmtree(folder, ignore_errors=True)
-    bad = figures["lost"] + figures["duplicates"] + figures["left_running"] + figures["failed"] + len(
+    bad = figures["lost"] + figures["duplicates"] + figures["left_running"] + figures["failed"] + figures["killed"] + len(
         figures["study_errors"])
     return 1 if bad or any(codes) else 0
 
@@ -230,7 +231,7 @@ summaries)
   lost                     {f['lost']}
   duplicates               {f['duplicates']} {' '.join(f['duplicated'])}
   left RUNNING             {f['left_running']}
-  KILLED                   {f['killed']} (ended by `tracker.store.abandoned`: its process was gone)
+  KILLED                   {f['killed']}
   FAILED                   {f['failed']}
   studies that raised      {len(f['study_errors'])}
   workers' exit codes      {f['workers_exit']}""")

@@ -142,7 +142,7 @@ def _upload(root: Path) -> Upload:
         if any(folder in path.parents or folder == path for path in waiting):
             logger.warning("study run %s stays open: a record of it is still in the outbox (see above)", run_id)
             continue
-        if _end_study(run_id, saved_metrics=metrics.get(run_id, {})):
+        if _end_study(run_id, saved_metrics=metrics.get(run_id, {}), ended=run_id in metrics):
             result.studies.append(run_id)
         (folder / SUMMARY_FILE).unlink(missing_ok=True)
     return result
@@ -230,8 +230,10 @@ def _locked(root: Path) -> Iterator[None]:
             lock.truncate(0)
 
 
-def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
-    """Ends a study run, after logging its summary and report if it has none; whether it logged them."""
+def _end_study(run_id: str, *, saved_metrics: dict[str, float], ended: bool) -> bool:
+    """Ends a study run, after logging its summary and report if it has none; whether it logged them. `ended`: its
+    process reached the study's end (it kept the summary it could not log), so the run ends FINISHED even if
+    `tracker.store.abandoned` found it RUNNING after that process had gone and ended it KILLED."""
     from tracker import compare
     from tracker.report.rows import study_counts
     from tracker.report.scenarios import scenario_tags
@@ -246,7 +248,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     if parent.tags.get(TAG_ROLE) != ROLE_STUDY:
         return False  # a run of the user's own that attempts were nested in: not the tracker's to end
     if TAG_BEST in parent.tags:  # its process logged the summary and the report
-        kept_runs.end_uploaded_study(run_id)
+        kept_runs.end_uploaded_study(run_id, ended=ended)
         return False
     comparison = compare.load_comparison(study_run_id=run_id)
     rows, best = comparison.rows, comparison.best
@@ -256,7 +258,7 @@ def _end_study(run_id: str, *, saved_metrics: dict[str, float]) -> bool:
     study = parent.tags.get(TAG_STUDY, parent.name)
     with tempfile.TemporaryDirectory(prefix="tracker-upload-") as tmp:
         built = build_study_report(rows, tmp, study=study, best=best)
-        kept_runs.end_uploaded_study(run_id, summary=summary, report=built)
+        kept_runs.end_uploaded_study(run_id, summary=summary, report=built, ended=ended)
     logger.info("study %s (run %s): summary and report logged from %d attempt runs, best: %s",
                 study, run_id, len(rows), best or NO_BEST)
     return True

@@ -25,6 +25,7 @@ def test_ten_studies_through_three_restarts_lose_nothing_and_duplicate_nothing(s
     figures = json.loads(figures_file.read_text())
     assert figures["restarts"] == {"SIGTERM": 1, "SIGKILL": 1, "postgres": 1}, done.stdout
     assert figures["studies_ended"] == 10 and figures["attempts_expected"] == 20
-    assert (figures["lost"], figures["duplicates"], figures["left_running"], figures["failed"]) == (0, 0, 0, 0)
+    assert (figures["lost"], figures["duplicates"], figures["left_running"], figures["failed"], figures["killed"]) == (
+        0, 0, 0, 0, 0)
     assert figures["uploads"]["uploaded_records"] == figures["uploads"]["outbox_records"]
     assert "lost                     0" in done.stdout

@@ -21,6 +21,7 @@ from tracker import MeasureConfig, Study, TimingConfig
 from tracker.base.files import WORK_MARKER, make_work_folder, process_gone, this_process
 from tracker.base.keys import TAG_HOST, TAG_KILLED, TAG_PID, TAG_PID_STARTED
 from tracker.cli import main
+from tracker.run.record import save_summary
 from tracker.store.abandoned import end_abandoned_in
 from tracker.upload import upload_outbox
 
@@ -111,6 +112,19 @@ def test_upload_ends_the_killed_study_before_its_kept_records_join_it(killed, st
     run = MlflowClient(store).get_run(run_id)
     assert run.info.status == "KILLED", "upload does not call a killed study FINISHED"
     assert run.data.tags[TAG_KILLED].endswith("(found by tracker upload)")
+
+
+def test_upload_ends_finished_a_study_whose_process_reached_its_end_and_kept_its_summary(killed, store, tmp_path):
+    run_id, _ = killed
+    save_summary({"metrics": {"study.wall_s": 3.0}, "best": None, "tags": {}}, study="killed", parent_run_id=run_id,
+                 root=tmp_path / "outbox")  # what a study whose end the store did not take keeps
+
+    done = upload_outbox(tmp_path / "outbox")
+
+    assert done.studies == [run_id] and not done.refused
+    run = MlflowClient(store).get_run(run_id)
+    assert run.info.status == "FINISHED", "the process had gone, but its study had reached its end"
+    assert TAG_KILLED not in run.data.tags and run.data.metrics["study.wall_s"] == 3.0
 
 
 def test_runs_of_another_host_and_of_a_live_process_are_left_alone(store, tmp_path):

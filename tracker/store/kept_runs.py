@@ -16,6 +16,7 @@ import mlflow
 from tracker.base.keys import (
     ROLE_ATTEMPT,
     TAG_ATTEMPT,
+    TAG_KILLED,
     TAG_ROLE,
     TAG_RUNTIME,
     TAG_STUDY,
@@ -128,13 +129,17 @@ def discard_kept_run(run_id: str) -> None:
 
 @defers_sigterm
 def end_uploaded_study(run_id: str, *, summary: Mapping[str, object] | None = None,
-                       report: StudyReport | None = None) -> None:
+                       report: StudyReport | None = None, ended: bool = False) -> None:
     """Logs on a study run the summary (`log_study_summary`'s arguments) and the report its process could
     not, when given, and tags it `tracker.uploaded_later`. A run an outage left RUNNING ends FINISHED; one
-    that had ended keeps its status."""
+    that had ended keeps its status, but for a study whose process reached its end (`ended`) and that
+    `tracker.store.abandoned` ended KILLED once that process had gone: FINISHED, its `tracker.killed` removed."""
     client = mlflow.MlflowClient()
-    status = client.get_run(run_id).info.status
-    status = "FINISHED" if status == "RUNNING" else status
+    run = client.get_run(run_id)
+    status = "FINISHED" if run.info.status == "RUNNING" else run.info.status
+    if ended and status == "KILLED" and TAG_KILLED in run.data.tags:
+        client.delete_tag(run_id, TAG_KILLED)
+        status = "FINISHED"
     client.set_tag(run_id, TAG_UPLOADED_LATER, "true")
     if summary is not None:
         # its keys are log_study_summary's keywords (upload reads them back from a saved summary)
