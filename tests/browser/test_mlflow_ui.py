@@ -5,7 +5,13 @@ from __future__ import annotations
 import json
 import urllib.parse
 
+import numpy as np
 import pytest
+
+from tests.browser.conftest import EXPERIMENT
+from tests.conftest import FAST_SPEEDUP, isolate_mlflow
+from tests.models import make_linear_model
+from tracker import MeasureConfig, SessionConfig, Study, StudySetup, TimingConfig
 
 ASSISTANT_CLOSE = '[data-component-id="mlflow.assistant.chat_panel.close"]'
 
@@ -148,3 +154,28 @@ def test_the_link_a_study_logs_opens_its_run_in_the_runs_view_and_attempts_show_
             wait_for="session.create_ms")
     page.get_by_text(f"{study.name}.feeds").first.wait_for()  # the run's dataset input
     page.screenshot(path=shots / "attempt_run_dataset.png")
+
+
+def test_the_models_tab_lists_each_attempts_logged_model_with_its_speedup(page, server, study, shots):
+    """A second study, its models logged, in the same store: the experiment's Models tab (model training view) shows
+    each attempt's speed-up in its feeds' column group, the value the attempt measured."""
+
+    config = MeasureConfig(profile_runs=2, speedup=FAST_SPEEDUP,
+                           timing=TimingConfig(warmup_runs=1, min_runs=3, min_seconds=0))
+    feeds = {"X": np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)}
+    with pytest.MonkeyPatch.context() as mp:
+        isolate_mlflow(mp)
+        with Study("with-models", feeds=feeds, experiment=EXPERIMENT, config=config, tracking_uri=study.uri,
+                   setup=StudySetup(workdir=study.folder / "work-models")) as s:
+            s.attempt("baseline", make_linear_model(n_features=8))
+            measured = s.attempt("ort_opt_disabled", make_linear_model(n_features=8),
+                                 session=SessionConfig(graph_optimization_level="disable"))
+    assert measured.ok and measured.speedup is not None
+
+    open_ui(page, f"{server}/#/experiments/{study.experiment_id}/models?workflowType=machine_learning",
+            wait_for="with-models-ort_opt_disabled")
+    # The grid draws only the columns in view: the metrics' groups start right of the model attributes.
+    page.locator(".ag-center-cols-viewport").evaluate("grid => { grid.scrollLeft = 1000; }")
+    page.locator('[role="columnheader"]').filter(has_text="latency.speedup").first.wait_for()
+    page.get_by_text(repr(measured.speedup.speedup), exact=True).wait_for()  # the grid prints the float as logged
+    page.screenshot(path=shots / "models_tab.png")
