@@ -230,7 +230,7 @@ def _locked(root: Path) -> Iterator[None]:
             lock.truncate(0)
 
 
-def _end_study(run_id: str, *, saved_metrics: dict[str, float], ended: bool) -> bool:
+def _end_study(run_id: str, *, saved_metrics: dict[str, float], ended: bool = False) -> bool:
     """Ends a study run, after logging its summary and report if it has none; whether it logged them. `ended`: its
     process reached the study's end (it kept the summary it could not log), so the run ends FINISHED even if
     `tracker.store.abandoned` found it RUNNING after that process had gone and ended it KILLED."""
