@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import onnx
@@ -29,6 +30,15 @@ from tracker.measure.timing.interval import Speedup
 from tracker.measure.timing.speedup import SpeedupConfig, describe, judge
 
 Diff = OutputDiff | LogitsDiff | RegressionDiff | ClassificationDiff | EmbeddingDiff
+
+
+class _Bounded(Protocol):  # an accuracy check: its bounds as params
+    def params(self) -> dict[str, str]: ...
+
+
+def bounds_text(diff: _Bounded) -> str:
+    """An accuracy check's bounds, in one line: `tolerance fp32, rtol 0.0001, atol 0.0001`."""
+    return ", ".join(f"{k.removeprefix('diff.')} {v}" for k, v in diff.params().items())
 
 
 @dataclass(frozen=True)
@@ -59,7 +69,7 @@ class AgainstChampion:
 
     def accuracy_text(self) -> str:
         """The accuracy check's bounds and figures: `(tolerance fp32, rtol 0.0001, atol 0.0001): max_abs 0.35, ...`."""
-        bounds = ", ".join(f"{k.removeprefix('diff.')} {v}" for k, v in self.diff.params().items())
+        bounds = bounds_text(self.diff)
         figures = ", ".join(f"{k.removeprefix('diff.')} {v:.4g}" for k, v in self.diff.metrics().items()
                             if k != METRIC_DIFF_PASSED)
         return f"({bounds}): {figures}"

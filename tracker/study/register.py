@@ -29,7 +29,7 @@ from tracker.base.keys import (
     TAG_VERDICT,
 )
 from tracker.measure.attempt import Attempt, AttemptResult
-from tracker.measure.champion import AgainstChampion, measure_against_champion
+from tracker.measure.champion import AgainstChampion, bounds_text, measure_against_champion
 from tracker.measure.environment import cpu_model
 from tracker.measure.timing.interval import Speedup
 from tracker.measure.timing.speedup import SpeedupConfig
@@ -151,8 +151,7 @@ def version_tags(best: AttemptResult, *, study_run_id: str) -> dict[str, str]:
     if diff is None:
         accuracy = "none: the study's reference"
     else:
-        bounds = ", ".join(f"{k.removeprefix('diff.')} {v}" for k, v in diff.params().items())
-        accuracy = f"{'passed' if diff.passed else 'failed'} ({bounds})"
+        accuracy = f"{'passed' if diff.passed else 'failed'} ({bounds_text(diff)})"
     return {
         TAG_STUDY_RUN: study_run_id,
         TAG_ATTEMPT: best.attempt.name,
